@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"hermeshost/cli"
+	"hermeshost/config"
+	"hermeshost/migrations"
+	"hermeshost/pg"
+	"hermeshost/service"
+)
+
+func devCommand() *cli.Command {
+	return &cli.Command{
+		Name:    "dev",
+		Summary: "run the whole product on this machine (the embedded default of `make run`)",
+		Env:     append([]config.Var{config.DatabaseURL}, serverEnv...),
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return cli.Usagef("dev takes no arguments")
+				}
+				var url string
+				var shutdownGrace time.Duration
+				log, err := startup("dev", func(e *config.Env) {
+					url = e.Required(config.DatabaseURL)
+					shutdownGrace = grace(e)
+				})
+				if err != nil {
+					return err
+				}
+				if err := migrations.Host.Up(ctx, url, log); err != nil {
+					return err
+				}
+				pool, schema, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+
+				ops := service.NewOps(log)
+				ops.Health.Probe("database", pool.Ping)
+				srv, err := service.Listen("dev", *addr, ops.Router(), log, shutdownGrace)
+				if err != nil {
+					return err
+				}
+				log.Info("hermes-host dev is up", "status_url", srv.URL(), "schema", schema)
+				g, gctx := errgroup.WithContext(ctx)
+				g.Go(func() error { return srv.Serve(gctx) })
+				return g.Wait()
+			}
+		},
+	}
+}

@@ -1,0 +1,187 @@
+// Package config is the one place where hermes-host reads its environment.
+//
+// Every variable a process may read is declared here once, with its default and a
+// sentence for --help. A subcommand lists the variables it reads, reads them through an
+// Env, and stops start-up with Env.Err, whose message is one line naming the variable.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Var is one environment variable: its name, its default (empty means none) and what it is for.
+type Var struct {
+	Name    string
+	Default string
+	Usage   string
+	// Secret marks values that must never be printed: --help shows only whether it is set.
+	Secret bool
+}
+
+// The variables every process shares (DESIGN section 13) and the ones only some read.
+var (
+	DatabaseURL = define(Var{Name: "DATABASE_URL", Secret: true,
+		Usage: "the host's Postgres URL; add ?search_path=NAME to use a schema other than hermes_host"})
+	LogLevel = define(Var{Name: "LOG_LEVEL", Default: "info",
+		Usage: "debug, info, warn or error"})
+	ShutdownGrace = define(Var{Name: "SHUTDOWN_GRACE", Default: "10s",
+		Usage: "how long a server waits for in-flight requests after SIGTERM"})
+	SartiqAPIURL = define(Var{Name: "SARTIQ_API_URL",
+		Usage: "the Sartiq Backend API base URL"})
+	SartiqBotToken = define(Var{Name: "SARTIQ_BOT_TOKEN", Secret: true,
+		Usage: "the bot credential (dispatcher only)"})
+	SartiqToken = define(Var{Name: "SARTIQ_TOKEN", Secret: true,
+		Usage: "a job token, where a process is handed one directly"})
+	GatewayURL = define(Var{Name: "GATEWAY_URL",
+		Usage: "where a process reaches the model gateway"})
+	GatewayKey = define(Var{Name: "GATEWAY_KEY", Secret: true,
+		Usage: "the key presented to the gateway (the gateway's own internal key on the gateway)"})
+	ClaimEnabled = define(Var{Name: "CLAIM_ENABLED", Default: "false",
+		Usage: "claim queued jobs (false only logs what would be claimed)"})
+	ReportEnabled = define(Var{Name: "REPORT_ENABLED", Default: "true",
+		Usage: "send terminal complete/fail calls to the backend"})
+	MaxAttempts = define(Var{Name: "MAX_ATTEMPTS", Default: "3",
+		Usage: "crashes and failures a job may have before it is failed for good"})
+	StaleAfter = define(Var{Name: "STALE_AFTER", Default: "45s",
+		Usage: "a claimed job without a heartbeat for this long is stale"})
+	HeartbeatInterval = define(Var{Name: "HEARTBEAT_INTERVAL", Default: "10s",
+		Usage: "how often a worker heartbeats a running job"})
+	OrgsRoot = define(Var{Name: "ORGS_ROOT", Default: "/var/lib/hermes/orgs",
+		Usage: "the folder holding one HERMES_HOME per organization"})
+	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
+		Usage: "the agent command"})
+)
+
+var all []Var
+
+func define(v Var) Var { all = append(all, v); return v }
+
+// All is every variable declared here, in declaration order.
+func All() []Var { return append([]Var(nil), all...) }
+
+// Env reads variables and collects the first bad value, so a caller reads everything it
+// needs and then checks one error.
+type Env struct {
+	lookup func(string) (string, bool)
+	err    error
+}
+
+// FromOS reads the process environment.
+func FromOS() *Env { return &Env{lookup: os.LookupEnv} }
+
+// FromMap reads a fixed set of values; tests and `dev` use it to hand children a config.
+func FromMap(m map[string]string) *Env {
+	return &Env{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
+}
+
+// Err is the first bad value read, as one line naming the variable, or nil.
+func (e *Env) Err() error { return e.err }
+
+func (e *Env) fail(v Var, raw, want string) {
+	if e.err != nil {
+		return
+	}
+	shown := strconv.Quote(raw)
+	if v.Secret {
+		shown = "(secret value)"
+	}
+	e.err = &Error{Var: v.Name, Msg: fmt.Sprintf("%s is not %s", shown, want)}
+}
+
+// Error is a bad configuration value.
+type Error struct {
+	Var string
+	Msg string
+}
+
+func (e *Error) Error() string { return "config: " + e.Var + ": " + e.Msg }
+
+func (e *Env) raw(v Var) string {
+	if s, ok := e.lookup(v.Name); ok && strings.TrimSpace(s) != "" {
+		return strings.TrimSpace(s)
+	}
+	return v.Default
+}
+
+// String is the value, or the default when unset or blank.
+func (e *Env) String(v Var) string { return e.raw(v) }
+
+// Required is the value; an unset variable without a default is an error.
+func (e *Env) Required(v Var) string {
+	s := e.raw(v)
+	if s == "" && e.err == nil {
+		e.err = &Error{Var: v.Name, Msg: "is required and not set"}
+	}
+	return s
+}
+
+// Duration parses a Go duration such as 90s or 5m; it must be positive.
+func (e *Env) Duration(v Var) time.Duration {
+	s := e.raw(v)
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		e.fail(v, s, "a positive duration (for example 90s or 5m)")
+		return 0
+	}
+	return d
+}
+
+// Int parses a whole number of at least 1.
+func (e *Env) Int(v Var) int {
+	s := e.raw(v)
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		e.fail(v, s, "a whole number of at least 1")
+		return 0
+	}
+	return n
+}
+
+// Bool parses true/false (also 1/0, yes/no, on/off).
+func (e *Env) Bool(v Var) bool {
+	s := e.raw(v)
+	switch strings.ToLower(s) {
+	case "true", "1", "yes", "on":
+		return true
+	case "false", "0", "no", "off", "":
+		return false
+	}
+	e.fail(v, s, "true or false")
+	return false
+}
+
+// URL parses an absolute http(s) URL.
+func (e *Env) URL(v Var) string {
+	s := e.raw(v)
+	if s == "" {
+		return ""
+	}
+	if err := checkHTTPURL(s); err != nil {
+		e.fail(v, s, "an absolute http or https URL")
+		return ""
+	}
+	return strings.TrimRight(s, "/")
+}
+
+func checkHTTPURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("not an absolute http(s) URL")
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+// Package pg opens the host's Postgres pools. Each product (the host, the reference
+// backend) keeps its tables in its own schema; a URL may name another one with
+// ?search_path=NAME, which is how tests give every server a fresh schema.
+package pg
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Config parses url and settles the schema: the URL's search_path if it names one, else
+// defaultSchema. The schema is returned so migrations and queries agree on it.
+func Config(url, defaultSchema string) (*pgxpool.Config, string, error) {
+	if url == "" {
+		return nil, "", fmt.Errorf("no database URL given (set DATABASE_URL)")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return nil, "", fmt.Errorf("database URL does not parse as a Postgres URL or DSN")
+	}
+	schema := defaultSchema
+	if sp, ok := cfg.ConnConfig.RuntimeParams["search_path"]; ok && sp != "" {
+		schema = sp
+	}
+	if !schemaName.MatchString(schema) {
+		return nil, "", fmt.Errorf("schema %q is not a plain lower-case identifier", schema)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "hermes-host"
+	}
+	return cfg, schema, nil
+}
+
+// Open connects a pool to url with its schema settled as Config does, and pings it.
+func Open(ctx context.Context, url, defaultSchema string) (*pgxpool.Pool, string, error) {
+	cfg, schema, err := Config(url, defaultSchema)
+	if err != nil {
+		return nil, "", err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("open database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, "", fmt.Errorf("connect to database %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return pool, schema, nil
+}
+
+// QuoteIdent quotes a schema or table name for SQL text.
+func QuoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }

@@ -1,0 +1,277 @@
+package service
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("SERVICE_TEST_CHILD") == "1" {
+		os.Exit(runChild())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func discard() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// serve starts a server for the test and stops it at cleanup.
+func serve(t *testing.T, ops *Ops, h http.Handler) *Server {
+	t.Helper()
+	srv, err := Listen("test", "127.0.0.1:0", h, ops.Log, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return srv
+}
+
+func TestHealthzGivesReasons(t *testing.T) {
+	ops := NewOps(discard())
+	dbDown := errors.New("connect: connection refused")
+	var failing atomic.Bool
+	ops.Health.Probe("database", func(context.Context) error {
+		if failing.Load() {
+			return dbDown
+		}
+		return nil
+	})
+	srv := serve(t, ops, ops.Router())
+
+	code, body := get(t, srv.URL()+"/healthz")
+	if code != 200 || !strings.Contains(body, `"status":"ok"`) {
+		t.Fatalf("healthy: got %d %s", code, body)
+	}
+
+	ops.Health.Alarm("auth_persist", "cannot write auth.json: no space left on device")
+	code, body = get(t, srv.URL()+"/healthz")
+	var rep Report
+	if err := json.Unmarshal([]byte(body), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if code != 503 || rep.Status != "unhealthy" || rep.Reasons["auth_persist"] != "cannot write auth.json: no space left on device" {
+		t.Fatalf("alarm: got %d %+v", code, rep)
+	}
+	ops.Health.Alarm("auth_persist", "")
+
+	failing.Store(true)
+	code, body = get(t, srv.URL()+"/healthz")
+	if code != 503 || !strings.Contains(body, `"database":"connect: connection refused"`) {
+		t.Fatalf("failing probe: got %d %s", code, body)
+	}
+}
+
+func TestMetricsCountRequestsByRoute(t *testing.T) {
+	ops := NewOps(discard())
+	r := ops.Router()
+	r.Get("/jobs/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	srv := serve(t, ops, r)
+	for _, id := range []string{"a", "b", "c"} {
+		get(t, srv.URL()+"/jobs/"+id)
+	}
+	_, body := get(t, srv.URL()+"/metrics")
+	want := `http_requests_total{code="418",method="GET",route="/jobs/{id}"} 3`
+	if !strings.Contains(body, want) {
+		t.Fatalf("metrics lack %s:\n%s", want, body)
+	}
+	if !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "process_cpu_seconds_total") {
+		t.Fatal("metrics lack the Go and process collectors")
+	}
+}
+
+func TestPanicIsA500WithoutStack(t *testing.T) {
+	var logs bytes.Buffer
+	ops := NewOps(slog.New(slog.NewJSONHandler(&logs, nil)))
+	r := ops.Router()
+	r.Get("/boom", func(http.ResponseWriter, *http.Request) { panic("secret internals") })
+	srv := serve(t, ops, r)
+	code, body := get(t, srv.URL()+"/boom")
+	if code != 500 || strings.Contains(body, "secret internals") || strings.Contains(body, "goroutine") {
+		t.Fatalf("got %d %q", code, body)
+	}
+	if !strings.Contains(logs.String(), "handler panic") {
+		t.Fatalf("panic not logged: %s", logs.String())
+	}
+}
+
+func TestShutdownDrainsInFlightRequest(t *testing.T) {
+	ops := NewOps(discard())
+	r := ops.Router()
+	entered, release := make(chan struct{}), make(chan struct{})
+	r.Get("/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		fmt.Fprint(w, "finished")
+	})
+	srv, err := Listen("test", "127.0.0.1:0", r, ops.Log, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+
+	got := make(chan string, 1)
+	go func() {
+		_, body := get(t, srv.URL()+"/slow")
+		got <- body
+	}()
+	<-entered
+	cancel()
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned while a request was in flight: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if body := <-got; body != "finished" {
+		t.Fatalf("in-flight request got %q", body)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestShutdownCutsRequestsPastGrace(t *testing.T) {
+	ops := NewOps(discard())
+	r := ops.Router()
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	r.Get("/stuck", func(w http.ResponseWriter, r *http.Request) { close(entered); <-release })
+	srv, err := Listen("test", "127.0.0.1:0", r, ops.Log, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	go http.Get(srv.URL() + "/stuck") //nolint:errcheck // the request is cut on purpose
+	<-entered
+	cancel()
+	if err := <-served; err == nil || !strings.Contains(err.Error(), "grace period") {
+		t.Fatalf("want a grace-period error, got %v", err)
+	}
+}
+
+// runChild is a real server process: it serves /slow, which answers once the parent has
+// sent SIGTERM, so the parent sees the in-flight request drained and the process exit 0.
+func runChild() int {
+	ctx, stop := SignalContext(context.Background())
+	defer stop()
+	log := NewLogger(os.Stderr, slog.LevelInfo, "child")
+	ops := NewOps(log)
+	r := ops.Router()
+	r.Get("/slow", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(os.Stdout, "in-flight")
+		<-ctx.Done()
+		time.Sleep(200 * time.Millisecond) // still working after the signal
+		fmt.Fprint(w, "drained")
+	})
+	srv, err := Listen("child", "127.0.0.1:0", r, log, 5*time.Second)
+	if err != nil {
+		return 1
+	}
+	fmt.Fprintln(os.Stdout, srv.URL())
+	if err := srv.Serve(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func TestSIGTERMDrainsThenExits(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SERVICE_TEST_CHILD=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		t.Fatalf("child printed no URL: %s", stderr.String())
+	}
+	url := lines.Text()
+
+	got := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(url + "/slow")
+		if err != nil {
+			got <- "error: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		got <- string(b)
+	}()
+	if !lines.Scan() || lines.Text() != "in-flight" {
+		t.Fatalf("request did not reach the child: %s", stderr.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if body := <-got; body != "drained" {
+		t.Fatalf("in-flight request got %q", body)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child did not exit cleanly: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{`"msg":"shutting down"`, `"msg":"stopped"`} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("child log lacks %s:\n%s", want, stderr.String())
+		}
+	}
+}
+
+func TestSecretNeverPrints(t *testing.T) {
+	s := Secret("sk-live-123")
+	var logs bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logs, nil)).Info("x", "token", s)
+	js, _ := json.Marshal(map[string]any{"t": s})
+	for _, out := range []string{fmt.Sprint(s), fmt.Sprintf("%v %s %#v", s, s, s), logs.String(), string(js)} {
+		if strings.Contains(out, "sk-live") {
+			t.Fatalf("secret leaked: %s", out)
+		}
+	}
+	if s.Reveal() != "sk-live-123" {
+		t.Fatal("Reveal must give the value")
+	}
+}
