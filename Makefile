@@ -6,7 +6,7 @@ export CGO_ENABLED ?= 0
 BIN := bin/hermes-host
 GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
 
-.PHONY: run test build generate lint test-go clean
+.PHONY: run test build generate lint test-go bench clean
 
 ## run: start Postgres if none is given, migrate, and run the whole product (hermes-host dev).
 run: build
@@ -35,6 +35,11 @@ test: lint build
 test-go:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
 
+
+## bench: the benchmarks whose figures the README reports (real Postgres).
+BENCHTIME ?= 2s
+bench: build
+	scripts/with-services.sh $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...
 
 clean:
 	rm -rf bin
