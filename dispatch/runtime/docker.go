@@ -38,6 +38,10 @@ const (
 // whether the kernel's OOM killer did it; the engine reports the oom before exec_die.
 const oomEventWait = 2 * time.Second
 
+// goneWait bounds how long an exec ended by a signal waits to learn whether its container
+// is dying too; only a program killed alone, with its container alive, waits it out.
+const goneWait = 2 * time.Second
+
 // engineCleanupTimeout bounds removals done after the caller's context ended.
 const engineCleanupTimeout = 30 * time.Second
 
@@ -407,24 +411,48 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 		return ExitStatus{}, outcome, err
 	}
 	status := ExitStatus{Code: inspected.ExitCode}
-	if copyErr != nil || status.Code >= 128 {
-		// The stream broke or a signal ended the program: the worker may have died.
-		gone, err := d.gone(ctx, name, id)
-		switch {
-		case err != nil:
-			return ExitStatus{}, outcomeFailed, errors.Join(copyErr, err)
-		case gone:
-			return ExitStatus{}, outcomeWorkerGone, ErrWorkerGone
-		case copyErr != nil:
-			return ExitStatus{}, outcomeFailed, fmt.Errorf("read output: %w", copyErr)
-		}
+	if copyErr == nil && status.Code < 128 {
+		return status, outcomeExited, nil
 	}
-	if status.Code == 128+int(syscall.SIGKILL) && d.cfg.Limits.MemoryBytes > 0 &&
+	// A signal ended the program, or its stream broke. The OOM answer comes first because
+	// the engine has it by now; a container dying under the exec is reported a moment
+	// after the exec's own end.
+	if copyErr == nil && status.Code == 128+int(syscall.SIGKILL) && d.cfg.Limits.MemoryBytes > 0 &&
 		d.outOfMemory(ctx, id, created.ID, since) {
 		status.OutOfMemory = true
 		return status, outcomeOutOfMemory, nil
 	}
+	stopped, err := d.stopsSoon(ctx, name, id)
+	switch {
+	case err != nil:
+		return ExitStatus{}, outcomeFailed, errors.Join(copyErr, err)
+	case stopped:
+		return ExitStatus{}, outcomeWorkerGone, ErrWorkerGone
+	case copyErr != nil:
+		return ExitStatus{}, outcomeFailed, fmt.Errorf("read output: %w", copyErr)
+	}
 	return status, outcomeExited, nil
+}
+
+// stopsSoon says whether the container stops within goneWait, and forgets it if so.
+func (d *Docker) stopsSoon(ctx context.Context, name, id string) (bool, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, goneWait)
+	defer cancel()
+	waited, errs := d.cli.ContainerWait(waitCtx, id, container.WaitConditionNotRunning)
+	select {
+	case <-waited:
+		d.forget(name)
+		return true, nil
+	case err := <-errs:
+		if client.IsErrNotFound(err) {
+			d.forget(name)
+			return true, nil
+		}
+		if waitCtx.Err() != nil && ctx.Err() == nil {
+			return false, nil // still running when the wait ran out
+		}
+		return false, fmt.Errorf("wait for container %s: %w", name, err)
+	}
 }
 
 // failure explains an exec that could not start or be inspected: ErrWorkerGone when the
