@@ -23,11 +23,13 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 )
 
-// Labels on every container Docker manages. The SOUL label records which file a
-// container's read-only SOUL.md bind points at: a bind follows the inode, so once the host
-// replaces SOUL.md by rename the container must be recreated to see the new one.
+// Labels on every container Docker manages. The SOUL label records the inode that the
+// container's read-only SOUL.md bind was made from: when the host replaces SOUL.md by
+// rename, the kernel detaches that bind in the container (leaving the home's writable file
+// in its place), so the container must be recreated before an agent runs in it again.
 const (
 	LabelManaged  = "hermes.managed"
+	LabelScope    = "hermes.scope"
 	LabelOrg      = "hermes.org"
 	LabelRole     = "hermes.role"
 	LabelInstance = "hermes.instance"
@@ -65,8 +67,8 @@ type dockerUnit struct {
 }
 
 // NewDocker connects to the engine named by the DOCKER_* environment, checks that the
-// configured images exist, then adopts this instance's running containers and removes
-// those of other instances and those that exited.
+// configured images exist, then takes over the containers of its scope: it adopts this
+// instance's running ones and removes those of other instances and those that exited.
 func NewDocker(ctx context.Context, cfg Config) (*Docker, error) {
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	if err != nil {
@@ -115,7 +117,10 @@ func (d *Docker) Kind() string { return "docker" }
 func (d *Docker) Close() error { return d.cli.Close() }
 
 func (d *Docker) managedFilter(onlyOurs bool) filters.Args {
-	f := filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))
+	f := filters.NewArgs(
+		filters.Arg("label", LabelManaged+"=true"),
+		filters.Arg("label", LabelScope+"="+d.cfg.Scope),
+	)
 	if onlyOurs {
 		f.Add("label", LabelInstance+"="+d.cfg.Instance)
 	}
@@ -225,7 +230,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 	switch {
 	case info.State == nil || !info.State.Running:
 		reason = "not running"
-	case labels[LabelManaged] != "true" || labels[LabelInstance] != d.cfg.Instance:
+	case labels[LabelManaged] != "true" || labels[LabelScope] != d.cfg.Scope || labels[LabelInstance] != d.cfg.Instance:
 		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
 	case labels[labelSoul] != fileIdentity(dirs.soul):
 		reason = "SOUL.md replaced"
@@ -249,6 +254,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets []string) (string, error) {
 	labels := map[string]string{
 		LabelManaged:  "true",
+		LabelScope:    d.cfg.Scope,
 		LabelOrg:      org,
 		LabelRole:     string(role),
 		LabelInstance: d.cfg.Instance,

@@ -102,20 +102,18 @@ func openEngine(ctx context.Context) error {
 	return nil
 }
 
-// removeLeftovers fails the run if any container of this run's instances is left, removes
+// removeLeftovers fails the run if any container of this run's scope is left, and removes
 // them and the test image.
 func removeLeftovers(ctx context.Context) error {
 	list, err := suite.engine.ContainerList(ctx, container.ListOptions{All: true,
-		Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
+		Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"), filters.Arg("label", LabelScope+"="+testScope()))})
 	if err != nil {
 		return fmt.Errorf("list leftover containers: %w", err)
 	}
 	var left []string
 	for _, c := range list {
-		if strings.HasPrefix(c.Labels[LabelInstance], instancePrefix()) {
-			left = append(left, containerName(c.Names))
-			_ = suite.engine.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
-		}
+		left = append(left, containerName(c.Names))
+		_ = suite.engine.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
 	}
 	if _, err := suite.engine.ImageRemove(ctx, suite.image, image.RemoveOptions{Force: true, PruneChildren: true}); err != nil {
 		return fmt.Errorf("remove test image: %w", err)
@@ -126,7 +124,8 @@ func removeLeftovers(ctx context.Context) error {
 	return nil
 }
 
-func instancePrefix() string { return "test-" + suite.runID + "-" }
+// testScope keeps this run's containers apart from any other runtime on the engine.
+func testScope() string { return "test-" + suite.runID }
 
 // requireEngine skips a Docker test when no engine is reachable, except under CI, which
 // must run them.
@@ -143,14 +142,15 @@ func requireEngine(tb testing.TB) {
 
 // testConfig is a config for one test: fresh directories, its own instance and metrics,
 // logs to the test's output and to logs.
-func testConfig(t *testing.T, logs io.Writer) Config {
+func testConfig(t testing.TB, logs io.Writer) Config {
 	root := t.TempDir()
 	out := io.Writer(t.Output())
 	if logs != nil {
 		out = io.MultiWriter(out, logs)
 	}
 	return Config{
-		Instance:       instancePrefix() + strconv.FormatInt(suite.instances.Add(1), 10),
+		Instance:       "instance-" + strconv.FormatInt(suite.instances.Add(1), 10),
+		Scope:          testScope(),
 		OrgsRoot:       filepath.Join(root, "orgs"),
 		WorkspacesRoot: filepath.Join(root, "workspaces"),
 		WorkerIdle:     []string{"testagent", "idle"},
@@ -165,7 +165,7 @@ func testConfig(t *testing.T, logs io.Writer) Config {
 }
 
 // newOrg makes an org home with a SOUL.md and returns the org ID.
-func newOrg(t *testing.T, cfg Config, name string) string {
+func newOrg(t testing.TB, cfg Config, name string) string {
 	t.Helper()
 	org := suite.runID + "-" + name
 	home := filepath.Join(cfg.OrgsRoot, org)

@@ -153,9 +153,13 @@ type Limits struct {
 // Process.
 type Config struct {
 	// Instance identifies this host on the engine; it should survive restarts so that a
-	// restarted host adopts its own containers. Containers labelled with another
-	// instance are taken as left by a dead one and removed.
+	// restarted host adopts its own containers. Containers of the same Scope labelled
+	// with another instance are taken as left by a dead one and removed.
 	Instance string
+	// Scope sets apart runtimes that share an engine but must never remove each other's
+	// containers, such as a test suite beside a real host (Docker only); default
+	// "hermes". Container names are still one per org on an engine.
+	Scope string
 	// OrgsRoot holds one HERMES_HOME per org, <OrgsRoot>/<org>, each with a SOUL.md.
 	OrgsRoot string
 	// WorkspacesRoot holds each org's job workspaces, <WorkspacesRoot>/<org>, created on
@@ -210,6 +214,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.WorkspacesRoot, err = filepath.Abs(c.WorkspacesRoot); err != nil {
 		return c, fmt.Errorf("runtime config: WorkspacesRoot: %w", err)
+	}
+	if c.Scope == "" {
+		c.Scope = "hermes"
+	}
+	if !labelValuePattern.MatchString(c.Scope) {
+		return c, fmt.Errorf("runtime config: Scope %q must match %s", c.Scope, labelValuePattern)
 	}
 	if len(c.WorkerIdle) == 0 {
 		return c, errors.New("runtime config: WorkerIdle is required")
