@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
@@ -218,7 +219,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 // binds the current SOUL.md; any other container of that name is removed.
 func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string, error) {
 	info, err := d.cli.ContainerInspect(ctx, name)
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		d.forget(name)
 		return "", nil
 	}
@@ -450,7 +451,7 @@ func (d *Docker) stopsSoon(ctx context.Context, name, id string) (bool, error) {
 		d.forget(name)
 		return true, nil
 	case err := <-errs:
-		if client.IsErrNotFound(err) {
+		if cerrdefs.IsNotFound(err) {
 			d.forget(name)
 			return true, nil
 		}
@@ -474,7 +475,7 @@ func (d *Docker) failure(ctx context.Context, name, id string, err error) (strin
 // gone says whether the container is no longer running, and forgets it if so.
 func (d *Docker) gone(ctx context.Context, name, id string) (bool, error) {
 	info, err := d.cli.ContainerInspect(ctx, id)
-	if client.IsErrNotFound(err) || (err == nil && (info.State == nil || !info.State.Running)) {
+	if cerrdefs.IsNotFound(err) || (err == nil && (info.State == nil || !info.State.Running)) {
 		d.forget(name)
 		return true, nil
 	}
@@ -608,7 +609,7 @@ func (d *Docker) reapOne(ctx context.Context, u Unit) (string, error) {
 // remove kills and removes a container; one already gone is not an error.
 func (d *Docker) remove(ctx context.Context, idOrName string) error {
 	err := d.cli.ContainerRemove(ctx, idOrName, container.RemoveOptions{Force: true})
-	if err != nil && !client.IsErrNotFound(err) {
+	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove container %s: %w", idOrName, err)
 	}
 	return nil

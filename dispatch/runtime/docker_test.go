@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
-	"github.com/docker/docker/client"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -58,7 +58,7 @@ func TestDockerAdoptsItsOwnAndRemovesTheRest(t *testing.T) {
 	cfg.Metrics = NewMetrics(prometheus.NewRegistry())
 	after := dockerHarness().start(t, cfg)
 	for _, u := range []Unit{dead.Unit, orphan.Unit} {
-		if _, err := suite.engine.ContainerInspect(ctx, u.ID); !client.IsErrNotFound(err) {
+		if _, err := suite.engine.ContainerInspect(ctx, u.ID); !cerrdefs.IsNotFound(err) {
 			t.Errorf("%s survived the restart (inspect: %v)", u.Name, err)
 		}
 	}
