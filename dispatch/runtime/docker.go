@@ -61,8 +61,6 @@ type Docker struct {
 
 type dockerUnit struct {
 	id       string
-	org      string
-	role     Role
 	inFlight int       // execs running now
 	lastUsed time.Time // last ensure, or end of the last exec
 }
@@ -148,7 +146,7 @@ func (d *Docker) adopt(ctx context.Context) error {
 			reason = "exited"
 		}
 		if reason == "" {
-			d.units[name] = &dockerUnit{id: c.ID, org: org, role: role, lastUsed: now}
+			d.units[name] = &dockerUnit{id: c.ID, lastUsed: now}
 			adopted++
 			d.log.Info("container adopted", "container", name, "id", shortID(c.ID))
 			continue
@@ -208,7 +206,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	}
 	unit.ID = id
 	d.mu.Lock()
-	d.units[name] = &dockerUnit{id: id, org: org, role: role, lastUsed: d.cfg.Now()}
+	d.units[name] = &dockerUnit{id: id, lastUsed: d.cfg.Now()}
 	d.mu.Unlock()
 	d.cfg.Metrics.ensured(d.Kind(), role, true)
 	d.log.Info("container started", "container", name, "id", shortID(id), "org", org, "role", role)
@@ -220,7 +218,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string, error) {
 	info, err := d.cli.ContainerInspect(ctx, name)
 	if cerrdefs.IsNotFound(err) {
-		d.forget(name)
+		d.forget(name, "")
 		return "", nil
 	}
 	if err != nil {
@@ -240,7 +238,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		d.mu.Lock()
 		u := d.units[name]
 		if u == nil || u.id != info.ID {
-			u = &dockerUnit{id: info.ID, org: labels[LabelOrg], role: Role(labels[LabelRole])}
+			u = &dockerUnit{id: info.ID}
 			d.units[name] = u
 		}
 		u.lastUsed = d.cfg.Now()
@@ -248,7 +246,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		return info.ID, nil
 	}
 	d.log.Info("container replaced", "container", name, "id", shortID(info.ID), "reason", reason)
-	d.forget(name)
+	d.forget(name, "")
 	return "", d.remove(ctx, info.ID)
 }
 
@@ -380,12 +378,22 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 		AttachStdout: true,
 		AttachStderr: true,
 	})
+	if ctx.Err() != nil {
+		return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
+	}
 	if err != nil {
 		outcome, err := d.failure(ctx, name, id, err)
 		return ExitStatus{}, outcome, err
 	}
 	since := time.Now()
 	hj, err := d.cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if ctx.Err() != nil {
+		// Attaching is what starts the exec: it may be running unattended.
+		if err == nil {
+			hj.Close()
+		}
+		return d.canceled(ctx, name, id)
+	}
 	if err != nil {
 		outcome, err := d.failure(ctx, name, id, err)
 		return ExitStatus{}, outcome, err
@@ -403,14 +411,7 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 	}()
 	_, copyErr := stdcopy.StdCopy(orDiscard(cmd.Stdout), orDiscard(cmd.Stderr), hj.Reader)
 	if !stopWatching() {
-		d.forget(name)
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), engineCleanupTimeout)
-		defer cancel()
-		if err := d.remove(cleanup, id); err != nil {
-			return ExitStatus{}, outcomeFailed, errors.Join(context.Cause(ctx), err)
-		}
-		d.log.Info("container removed", "container", name, "id", shortID(id), "reason", "exec canceled")
-		return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
+		return d.canceled(ctx, name, id)
 	}
 	inspected, err := d.cli.ContainerExecInspect(ctx, created.ID)
 	if err != nil {
@@ -448,11 +449,11 @@ func (d *Docker) stopsSoon(ctx context.Context, name, id string) (bool, error) {
 	waited, errs := d.cli.ContainerWait(waitCtx, id, container.WaitConditionNotRunning)
 	select {
 	case <-waited:
-		d.forget(name)
+		d.forget(name, id)
 		return true, nil
 	case err := <-errs:
 		if cerrdefs.IsNotFound(err) {
-			d.forget(name)
+			d.forget(name, id)
 			return true, nil
 		}
 		if waitCtx.Err() != nil && ctx.Err() == nil {
@@ -460,6 +461,19 @@ func (d *Docker) stopsSoon(ctx context.Context, name, id string) (bool, error) {
 		}
 		return false, fmt.Errorf("wait for container %s: %w", name, err)
 	}
+}
+
+// canceled removes the worker of an exec whose ctx ended: the only way the engine offers to
+// kill an exec and everything it started.
+func (d *Docker) canceled(ctx context.Context, name, id string) (ExitStatus, string, error) {
+	d.forget(name, id)
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), engineCleanupTimeout)
+	defer cancel()
+	if err := d.remove(cleanup, id); err != nil {
+		return ExitStatus{}, outcomeFailed, errors.Join(context.Cause(ctx), err)
+	}
+	d.log.Info("container removed", "container", name, "id", shortID(id), "reason", "exec canceled")
+	return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
 }
 
 // failure explains an exec that could not start or be inspected: ErrWorkerGone when the
@@ -476,7 +490,7 @@ func (d *Docker) failure(ctx context.Context, name, id string, err error) (strin
 func (d *Docker) gone(ctx context.Context, name, id string) (bool, error) {
 	info, err := d.cli.ContainerInspect(ctx, id)
 	if cerrdefs.IsNotFound(err) || (err == nil && (info.State == nil || !info.State.Running)) {
-		d.forget(name)
+		d.forget(name, id)
 		return true, nil
 	}
 	if err != nil {
@@ -522,7 +536,7 @@ func (d *Docker) Stop(ctx context.Context, org string, role Role) error {
 	}
 	name := UnitName(org, role)
 	defer d.locks.lock(name)()
-	d.forget(name)
+	d.forget(name, "")
 	if err := d.remove(ctx, name); err != nil {
 		return err
 	}
@@ -587,7 +601,7 @@ func (d *Docker) reapOne(ctx context.Context, u Unit) (string, error) {
 	case tracked == nil || tracked.id != u.ID:
 		// Started by this instance but unknown to this process: from now on its idle
 		// time counts.
-		d.units[u.Name] = &dockerUnit{id: u.ID, org: u.Org, role: u.Role, lastUsed: d.cfg.Now()}
+		d.units[u.Name] = &dockerUnit{id: u.ID, lastUsed: d.cfg.Now()}
 	case u.Role == RoleWorker && d.cfg.IdleTimeout > 0 && tracked.inFlight == 0 &&
 		d.cfg.Now().Sub(tracked.lastUsed) >= d.cfg.IdleTimeout:
 		reason = "idle"
@@ -615,9 +629,13 @@ func (d *Docker) remove(ctx context.Context, idOrName string) error {
 	return nil
 }
 
-func (d *Docker) forget(name string) {
+// forget drops what this process knows of a unit; with an id, only while that container is
+// still the one known, so a worker started meanwhile is kept.
+func (d *Docker) forget(name, id string) {
 	d.mu.Lock()
-	delete(d.units, name)
+	if u := d.units[name]; u != nil && (id == "" || u.id == id) {
+		delete(d.units, name)
+	}
 	d.mu.Unlock()
 }
 
