@@ -26,7 +26,9 @@ import (
 type Runtime interface {
 	// Kind names the implementation ("docker" or "process"), for logs and metrics.
 	Kind() string
-	// EnsureWorker starts the org's worker unless a healthy one is already running.
+	// EnsureWorker starts the org's worker unless a healthy one is already running. A
+	// container whose read-only SOUL.md was replaced on the host since it started is
+	// recreated, so call it after rewriting SOUL.md and before an agent starts.
 	EnsureWorker(ctx context.Context, org string) (Ensured, error)
 	// Exec runs cmd in the org's running worker and waits for it. A non-zero exit is a
 	// status, not an error. When ctx ends first the program and everything it started
@@ -34,7 +36,8 @@ type Runtime interface {
 	// under the program; ErrNotRunning that there was no worker to run in.
 	Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error)
 	// EnsureDashboard starts the org's dashboard unless one is running. A running
-	// dashboard is kept as it is, whatever d says.
+	// dashboard is kept as it is, whatever d says, except that it is recreated, like a
+	// worker, when SOUL.md was replaced.
 	EnsureDashboard(ctx context.Context, org string, d Dashboard) (Ensured, error)
 	// Stop stops and removes the org's unit of the given role; stopping what is not
 	// running is not an error.
