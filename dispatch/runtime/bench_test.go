@@ -1,0 +1,107 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// benchDocker is a Docker runtime for benchmarks, logging nowhere, with one org.
+func benchDocker(b *testing.B) (*Docker, Config, string) {
+	requireEngine(b)
+	cfg := testConfig(b, nil)
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := NewDocker(b.Context(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	org := newOrg(b, cfg, "bench")
+	b.Cleanup(func() {
+		if err := d.Stop(context.Background(), org, RoleWorker); err != nil {
+			b.Error(err)
+		}
+		d.Close()
+	})
+	return d, cfg, org
+}
+
+// BenchmarkWarmEnsureExec is what the dispatcher does per job on a running worker, beside
+// a bare `docker exec` of the same program in the same container.
+func BenchmarkWarmEnsureExec(b *testing.B) {
+	d, _, org := benchDocker(b)
+	ctx := b.Context()
+	e, err := d.EnsureWorker(ctx, org)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("runtime", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.EnsureWorker(ctx, org); err != nil {
+				b.Fatal(err)
+			}
+			var out bytes.Buffer
+			status, err := d.Exec(ctx, org, Command{Args: []string{"testagent", "echo"}, Stdin: strings.NewReader("ping\n"), Stdout: &out})
+			if err != nil || status.Code != 0 || out.String() != "ping\n" {
+				b.Fatalf("exec: %v %v %q", status, err, out.String())
+			}
+		}
+	})
+	b.Run("docker-exec-cli", func(b *testing.B) {
+		for b.Loop() {
+			cmd := exec.CommandContext(ctx, "docker", "exec", "-i", e.ID, "testagent", "echo")
+			cmd.Stdin = strings.NewReader("ping\n")
+			out, err := cmd.Output()
+			if err != nil || string(out) != "ping\n" {
+				b.Fatalf("docker exec: %v %q", err, out)
+			}
+		}
+	})
+}
+
+// BenchmarkColdEnsure starts a worker from nothing, beside `docker run` of the same image
+// with the same mounts and hardening.
+func BenchmarkColdEnsure(b *testing.B) {
+	d, cfg, org := benchDocker(b)
+	ctx := b.Context()
+	b.Run("runtime", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			if err := d.Stop(ctx, org, RoleWorker); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if e, err := d.EnsureWorker(ctx, org); err != nil || !e.Cold {
+				b.Fatalf("cold ensure: %+v %v", e, err)
+			}
+		}
+	})
+	b.Run("docker-run-cli", func(b *testing.B) {
+		name := "hermes-bench-" + suite.runID
+		remove := func() {
+			if out, err := exec.Command("docker", "rm", "-f", name).CombinedOutput(); err != nil {
+				b.Fatalf("docker rm: %v %s", err, out)
+			}
+		}
+		b.Cleanup(remove)
+		home := filepath.Join(cfg.OrgsRoot, org)
+		for range b.N {
+			b.StopTimer()
+			remove()
+			b.StartTimer()
+			out, err := exec.CommandContext(ctx, "docker", "run", "-d", "--name", name, "--init",
+				"--network", "host", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+				"--security-opt", "no-new-privileges",
+				"-v", home+":/home/hermes", "-v", filepath.Join(cfg.WorkspacesRoot, org)+":/workspaces",
+				"-v", filepath.Join(home, "SOUL.md")+":/home/hermes/SOUL.md:ro",
+				cfg.WorkerImage, "testagent", "idle").CombinedOutput()
+			if err != nil {
+				b.Fatalf("docker run: %v %s", err, out)
+			}
+		}
+	})
+}

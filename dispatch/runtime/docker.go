@@ -1,0 +1,680 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+)
+
+// Labels on every container Docker manages. The SOUL label records the inode that the
+// container's read-only SOUL.md bind was made from: when the host replaces SOUL.md by
+// rename, the kernel detaches that bind in the container (leaving the home's writable file
+// in its place), so the container must be recreated before an agent runs in it again.
+const (
+	LabelManaged  = "hermes.managed"
+	LabelScope    = "hermes.scope"
+	LabelOrg      = "hermes.org"
+	LabelRole     = "hermes.role"
+	LabelInstance = "hermes.instance"
+	labelSoul     = "hermes.soul"
+)
+
+// oomEventWait bounds how long an exec killed by SIGKILL waits for the engine to say
+// whether the kernel's OOM killer did it; the engine reports the oom before exec_die.
+const oomEventWait = 2 * time.Second
+
+// goneWait bounds how long an exec ended by a signal waits to learn whether its container
+// is dying too; only a program killed alone, with its container alive, waits it out.
+const goneWait = 2 * time.Second
+
+// engineCleanupTimeout bounds removals done after the caller's context ended.
+const engineCleanupTimeout = 30 * time.Second
+
+// Docker runs each org's worker and dashboard as labelled containers on a Docker engine.
+type Docker struct {
+	cfg   Config
+	cli   *client.Client
+	log   *slog.Logger
+	locks unitLocks
+
+	mu    sync.Mutex
+	units map[string]*dockerUnit // by container name: what this process knows it runs
+}
+
+type dockerUnit struct {
+	id       string
+	inFlight int       // execs running now
+	lastUsed time.Time // last ensure, or end of the last exec
+}
+
+// NewDocker connects to the engine named by the DOCKER_* environment, checks that the
+// configured images exist, then takes over the containers of its scope: it adopts this
+// instance's running ones and removes those of other instances and those that exited.
+func NewDocker(ctx context.Context, cfg Config) (*Docker, error) {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	d, err := newDocker(ctx, cfg, cli)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.WorkerImage == "" || cfg.DashboardImage == "" {
+		return nil, errors.New("runtime config: WorkerImage and DashboardImage are required for docker")
+	}
+	if _, err := cli.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("docker engine at %s: %w", cli.DaemonHost(), err)
+	}
+	for _, image := range []string{cfg.WorkerImage, cfg.DashboardImage} {
+		if _, err := cli.ImageInspect(ctx, image); err != nil {
+			return nil, fmt.Errorf("image %s on %s: %w", image, cli.DaemonHost(), err)
+		}
+	}
+	d := &Docker{
+		cfg:   cfg,
+		cli:   cli,
+		log:   cfg.Logger.With("runtime", "docker"),
+		units: make(map[string]*dockerUnit),
+	}
+	if err := d.adopt(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Kind implements Runtime.
+func (d *Docker) Kind() string { return "docker" }
+
+// Close releases the engine connection and leaves containers running for adoption.
+func (d *Docker) Close() error { return d.cli.Close() }
+
+func (d *Docker) managedFilter(onlyOurs bool) filters.Args {
+	f := filters.NewArgs(
+		filters.Arg("label", LabelManaged+"=true"),
+		filters.Arg("label", LabelScope+"="+d.cfg.Scope),
+	)
+	if onlyOurs {
+		f.Add("label", LabelInstance+"="+d.cfg.Instance)
+	}
+	return f
+}
+
+func (d *Docker) adopt(ctx context.Context) error {
+	list, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: d.managedFilter(false)})
+	if err != nil {
+		return fmt.Errorf("list managed containers: %w", err)
+	}
+	now := d.cfg.Now()
+	var adopted, stale, exited int
+	for _, c := range list {
+		name := containerName(c.Names)
+		org, role := c.Labels[LabelOrg], Role(c.Labels[LabelRole])
+		reason := ""
+		switch {
+		case c.Labels[LabelInstance] != d.cfg.Instance:
+			reason = "stale"
+		case ValidateOrg(org) != nil || name != UnitName(org, role):
+			reason = "stale"
+		case c.State != container.StateRunning:
+			reason = "exited"
+		}
+		if reason == "" {
+			d.units[name] = &dockerUnit{id: c.ID, lastUsed: now}
+			adopted++
+			d.log.Info("container adopted", "container", name, "id", shortID(c.ID))
+			continue
+		}
+		if err := d.remove(ctx, c.ID); err != nil {
+			return err
+		}
+		d.log.Info("container removed", "container", name, "id", shortID(c.ID), "reason", reason,
+			"instance", c.Labels[LabelInstance], "state", c.State)
+		if reason == "stale" {
+			stale++
+		} else {
+			exited++
+		}
+	}
+	d.cfg.Metrics.reapedUnits(d.Kind(), "stale", stale)
+	d.cfg.Metrics.reapedUnits(d.Kind(), "exited", exited)
+	d.log.Info("containers taken over", "instance", d.cfg.Instance, "adopted", adopted,
+		"removed_stale", stale, "removed_exited", exited)
+	return nil
+}
+
+// EnsureWorker implements Runtime.
+func (d *Docker) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
+	return d.ensure(ctx, org, RoleWorker, d.cfg.WorkerIdle, nil)
+}
+
+// EnsureDashboard implements Runtime.
+func (d *Docker) EnsureDashboard(ctx context.Context, org string, dash Dashboard) (Ensured, error) {
+	if len(dash.Args) == 0 {
+		return Ensured{}, errors.New("ensure dashboard: no command")
+	}
+	return d.ensure(ctx, org, RoleDashboard, dash.Args, dash.Secrets)
+}
+
+func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets []string) (Ensured, error) {
+	dirs, err := d.cfg.prepareOrg(org)
+	if err != nil {
+		return Ensured{}, err
+	}
+	name := UnitName(org, role)
+	defer d.locks.lock(name)()
+
+	unit := Unit{Org: org, Role: role, Name: name, Running: true}
+	id, err := d.running(ctx, name, dirs)
+	if err != nil {
+		return Ensured{}, err
+	}
+	if id != "" {
+		unit.ID = id
+		d.cfg.Metrics.ensured(d.Kind(), role, false)
+		return Ensured{Unit: unit}, nil
+	}
+	id, err = d.start(ctx, name, org, role, dirs, cmd, secrets)
+	if err != nil {
+		return Ensured{}, err
+	}
+	unit.ID = id
+	d.mu.Lock()
+	d.units[name] = &dockerUnit{id: id, lastUsed: d.cfg.Now()}
+	d.mu.Unlock()
+	d.cfg.Metrics.ensured(d.Kind(), role, true)
+	d.log.Info("container started", "container", name, "id", shortID(id), "org", org, "role", role)
+	return Ensured{Unit: unit, Cold: true}, nil
+}
+
+// running returns the ID of the named container when it is running, is this instance's and
+// binds the current SOUL.md; any other container of that name is removed.
+func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string, error) {
+	info, err := d.cli.ContainerInspect(ctx, name)
+	if cerrdefs.IsNotFound(err) {
+		d.forget(name, "")
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("inspect container %s: %w", name, err)
+	}
+	labels := info.Config.Labels
+	reason := ""
+	switch {
+	case info.State == nil || !info.State.Running:
+		reason = "not running"
+	case labels[LabelManaged] != "true" || labels[LabelScope] != d.cfg.Scope || labels[LabelInstance] != d.cfg.Instance:
+		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
+	case labels[labelSoul] != fileIdentity(dirs.soul):
+		reason = "SOUL.md replaced"
+	}
+	if reason == "" {
+		d.mu.Lock()
+		u := d.units[name]
+		if u == nil || u.id != info.ID {
+			u = &dockerUnit{id: info.ID}
+			d.units[name] = u
+		}
+		u.lastUsed = d.cfg.Now()
+		d.mu.Unlock()
+		return info.ID, nil
+	}
+	d.log.Info("container replaced", "container", name, "id", shortID(info.ID), "reason", reason)
+	d.forget(name, "")
+	return "", d.remove(ctx, info.ID)
+}
+
+func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets []string) (string, error) {
+	labels := map[string]string{
+		LabelManaged:  "true",
+		LabelScope:    d.cfg.Scope,
+		LabelOrg:      org,
+		LabelRole:     string(role),
+		LabelInstance: d.cfg.Instance,
+		labelSoul:     fileIdentity(dirs.soul),
+	}
+	config := &container.Config{
+		Image:      d.cfg.WorkerImage,
+		Cmd:        cmd,
+		User:       d.cfg.User,
+		WorkingDir: d.cfg.HomeMount,
+		Env: []string{
+			"HOME=" + d.cfg.HomeMount,
+			"HERMES_HOME=" + d.cfg.HomeMount,
+			"HERMES_WORKSPACES=" + d.cfg.WorkspacesMount,
+			"HERMES_ORG=" + org,
+		},
+		Labels: labels,
+	}
+	if role == RoleDashboard {
+		config.Image = d.cfg.DashboardImage
+		// Secrets arrive on stdin, which closes after them: nothing stored by the engine
+		// (config, inspect, files) ever holds them.
+		config.OpenStdin, config.StdinOnce, config.AttachStdin = true, true, true
+	}
+	host := &container.HostConfig{
+		NetworkMode: container.NetworkMode(d.cfg.Network),
+		Mounts: []mount.Mount{
+			{Type: mount.TypeBind, Source: dirs.home, Target: d.cfg.HomeMount},
+			{Type: mount.TypeBind, Source: dirs.workspaces, Target: d.cfg.WorkspacesMount},
+			{Type: mount.TypeBind, Source: filepath.Join(dirs.home, "SOUL.md"),
+				Target: path.Join(d.cfg.HomeMount, "SOUL.md"), ReadOnly: true},
+		},
+		Resources: container.Resources{
+			Memory:   d.cfg.Limits.MemoryBytes,
+			NanoCPUs: d.cfg.Limits.NanoCPUs,
+		},
+		// An init as PID 1 reaps what jobs leave orphaned, so the image's idle entry
+		// point need not.
+		Init:           ptr(true),
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		ReadonlyRootfs: true,
+		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=256m"},
+	}
+	if d.cfg.Limits.MemoryBytes > 0 {
+		host.MemorySwap = d.cfg.Limits.MemoryBytes // no swap beyond the limit
+	}
+	if d.cfg.Limits.Pids > 0 {
+		host.PidsLimit = ptr(d.cfg.Limits.Pids)
+	}
+	created, err := d.cli.ContainerCreate(ctx, config, host, nil, nil, name)
+	if err != nil {
+		return "", fmt.Errorf("create container %s: %w", name, err)
+	}
+	if err := d.startCreated(ctx, name, created.ID, secrets, role == RoleDashboard); err != nil {
+		return "", errors.Join(err, d.remove(context.WithoutCancel(ctx), created.ID))
+	}
+	return created.ID, nil
+}
+
+func (d *Docker) startCreated(ctx context.Context, name, id string, secrets []string, withStdin bool) error {
+	if !withStdin {
+		if err := d.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+			return fmt.Errorf("start container %s: %w", name, err)
+		}
+		return nil
+	}
+	hj, err := d.cli.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true})
+	if err != nil {
+		return fmt.Errorf("attach to container %s: %w", name, err)
+	}
+	defer hj.Close()
+	if err := d.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("start container %s: %w", name, err)
+	}
+	if _, err := io.WriteString(hj.Conn, secretLines(secrets)); err != nil {
+		return fmt.Errorf("write secrets to container %s: %w", name, err)
+	}
+	if err := hj.CloseWrite(); err != nil {
+		return fmt.Errorf("close stdin of container %s: %w", name, err)
+	}
+	return nil
+}
+
+// Exec implements Runtime. Docker cannot kill one exec, so a cancelled exec takes the
+// whole worker container with it; the next EnsureWorker starts a fresh one.
+func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error) {
+	if err := ValidateOrg(org); err != nil {
+		return ExitStatus{}, err
+	}
+	if len(cmd.Args) == 0 {
+		return ExitStatus{}, errors.New("exec: no command")
+	}
+	name := UnitName(org, RoleWorker)
+	d.mu.Lock()
+	u := d.units[name]
+	if u != nil {
+		u.inFlight++
+	}
+	d.mu.Unlock()
+	if u == nil {
+		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, ErrNotRunning)
+	}
+	defer func() {
+		d.mu.Lock()
+		u.inFlight--
+		u.lastUsed = d.cfg.Now()
+		d.mu.Unlock()
+	}()
+
+	began := d.cfg.Now()
+	status, outcome, err := d.exec(ctx, name, u.id, cmd)
+	return recordExec(d.log, d.cfg.Metrics, d.Kind(), name, cmd, d.cfg.Now().Sub(began), status, outcome, err)
+}
+
+func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitStatus, string, error) {
+	created, err := d.cli.ContainerExecCreate(ctx, id, container.ExecOptions{
+		Cmd:          cmd.Args,
+		Env:          cmd.Env,
+		WorkingDir:   d.cfg.HomeMount,
+		AttachStdin:  true,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	if ctx.Err() != nil {
+		return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
+	}
+	if err != nil {
+		outcome, err := d.failure(ctx, name, id, err)
+		return ExitStatus{}, outcome, err
+	}
+	since := time.Now()
+	hj, err := d.cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if ctx.Err() != nil {
+		// Attaching is what starts the exec: it may be running unattended.
+		if err == nil {
+			hj.Close()
+		}
+		return d.canceled(ctx, name, id)
+	}
+	if err != nil {
+		outcome, err := d.failure(ctx, name, id, err)
+		return ExitStatus{}, outcome, err
+	}
+	defer hj.Close()
+	// Closing the connection is what unblocks the copy below when ctx ends.
+	stopWatching := context.AfterFunc(ctx, hj.Close)
+	go func() {
+		// A caller's Stdin that never returns keeps this goroutine until it does; the
+		// exec itself does not wait for it.
+		if cmd.Stdin != nil {
+			_, _ = io.Copy(hj.Conn, cmd.Stdin)
+		}
+		_ = hj.CloseWrite()
+	}()
+	_, copyErr := stdcopy.StdCopy(orDiscard(cmd.Stdout), orDiscard(cmd.Stderr), hj.Reader)
+	if !stopWatching() {
+		return d.canceled(ctx, name, id)
+	}
+	inspected, err := d.cli.ContainerExecInspect(ctx, created.ID)
+	if err != nil {
+		outcome, err := d.failure(ctx, name, id, errors.Join(copyErr, err))
+		return ExitStatus{}, outcome, err
+	}
+	status := ExitStatus{Code: inspected.ExitCode}
+	if copyErr == nil && status.Code < 128 {
+		return status, outcomeExited, nil
+	}
+	// A signal ended the program, or its stream broke. The OOM answer comes first because
+	// the engine has it by now; a container dying under the exec is reported a moment
+	// after the exec's own end.
+	if copyErr == nil && status.Code == 128+int(syscall.SIGKILL) && d.cfg.Limits.MemoryBytes > 0 &&
+		d.outOfMemory(ctx, id, created.ID, since) {
+		status.OutOfMemory = true
+		return status, outcomeOutOfMemory, nil
+	}
+	stopped, err := d.stopsSoon(ctx, name, id)
+	switch {
+	case err != nil:
+		return ExitStatus{}, outcomeFailed, errors.Join(copyErr, err)
+	case stopped:
+		return ExitStatus{}, outcomeWorkerGone, ErrWorkerGone
+	case copyErr != nil:
+		return ExitStatus{}, outcomeFailed, fmt.Errorf("read output: %w", copyErr)
+	}
+	return status, outcomeExited, nil
+}
+
+// stopsSoon says whether the container stops within goneWait, and forgets it if so.
+func (d *Docker) stopsSoon(ctx context.Context, name, id string) (bool, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, goneWait)
+	defer cancel()
+	waited, errs := d.cli.ContainerWait(waitCtx, id, container.WaitConditionNotRunning)
+	select {
+	case <-waited:
+		d.forget(name, id)
+		return true, nil
+	case err := <-errs:
+		if cerrdefs.IsNotFound(err) {
+			d.forget(name, id)
+			return true, nil
+		}
+		if waitCtx.Err() != nil && ctx.Err() == nil {
+			return false, nil // still running when the wait ran out
+		}
+		return false, fmt.Errorf("wait for container %s: %w", name, err)
+	}
+}
+
+// canceled removes the worker of an exec whose ctx ended: the only way the engine offers to
+// kill an exec and everything it started.
+func (d *Docker) canceled(ctx context.Context, name, id string) (ExitStatus, string, error) {
+	d.forget(name, id)
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), engineCleanupTimeout)
+	defer cancel()
+	if err := d.remove(cleanup, id); err != nil {
+		return ExitStatus{}, outcomeFailed, errors.Join(context.Cause(ctx), err)
+	}
+	d.log.Info("container removed", "container", name, "id", shortID(id), "reason", "exec canceled")
+	return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
+}
+
+// failure explains an exec that could not start or be inspected: ErrWorkerGone when the
+// container is no longer running, else err.
+func (d *Docker) failure(ctx context.Context, name, id string, err error) (string, error) {
+	gone, gerr := d.gone(ctx, name, id)
+	if gerr == nil && gone {
+		return outcomeWorkerGone, ErrWorkerGone
+	}
+	return outcomeFailed, errors.Join(err, gerr)
+}
+
+// gone says whether the container is no longer running, and forgets it if so.
+func (d *Docker) gone(ctx context.Context, name, id string) (bool, error) {
+	info, err := d.cli.ContainerInspect(ctx, id)
+	if cerrdefs.IsNotFound(err) || (err == nil && (info.State == nil || !info.State.Running)) {
+		d.forget(name, id)
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inspect container %s: %w", name, err)
+	}
+	return false, nil
+}
+
+// outOfMemory says whether the engine reported an OOM kill in the container between since
+// and the end of the exec.
+func (d *Docker) outOfMemory(ctx context.Context, containerID, execID string, since time.Time) bool {
+	ctx, cancel := context.WithTimeout(ctx, oomEventWait)
+	defer cancel()
+	messages, errs := d.cli.Events(ctx, events.ListOptions{
+		Since: fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()),
+		Filters: filters.NewArgs(
+			filters.Arg("type", string(events.ContainerEventType)),
+			filters.Arg("container", containerID),
+			filters.Arg("event", string(events.ActionOOM)),
+			filters.Arg("event", string(events.ActionExecDie)),
+		),
+	})
+	for {
+		select {
+		case m := <-messages:
+			if m.Action == events.ActionOOM {
+				return true
+			}
+			if m.Action == events.ActionExecDie && m.Actor.Attributes["execID"] == execID {
+				return false
+			}
+		case err := <-errs:
+			d.log.Warn("engine events unavailable: OOM kill not confirmed", "id", shortID(containerID), "error", err)
+			return false
+		}
+	}
+}
+
+// Stop implements Runtime.
+func (d *Docker) Stop(ctx context.Context, org string, role Role) error {
+	if err := ValidateOrg(org); err != nil {
+		return err
+	}
+	name := UnitName(org, role)
+	defer d.locks.lock(name)()
+	d.forget(name, "")
+	if err := d.remove(ctx, name); err != nil {
+		return err
+	}
+	d.log.Info("container stopped", "container", name)
+	return nil
+}
+
+// List implements Runtime.
+func (d *Docker) List(ctx context.Context) ([]Unit, error) {
+	list, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: d.managedFilter(true)})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	units := make([]Unit, 0, len(list))
+	for _, c := range list {
+		units = append(units, Unit{
+			Org:     c.Labels[LabelOrg],
+			Role:    Role(c.Labels[LabelRole]),
+			Name:    containerName(c.Names),
+			ID:      c.ID,
+			Running: c.State == container.StateRunning,
+		})
+	}
+	return units, nil
+}
+
+// Reap implements Runtime.
+func (d *Docker) Reap(ctx context.Context) (Reaped, error) {
+	units, err := d.List(ctx)
+	if err != nil {
+		return Reaped{}, err
+	}
+	var reaped Reaped
+	for _, u := range units {
+		if err := ctx.Err(); err != nil {
+			return reaped, err
+		}
+		reason, err := d.reapOne(ctx, u)
+		if err != nil {
+			return reaped, err
+		}
+		switch reason {
+		case "idle":
+			reaped.Idle++
+		case "exited":
+			reaped.Exited++
+		}
+	}
+	d.cfg.Metrics.reapedUnits(d.Kind(), "idle", reaped.Idle)
+	d.cfg.Metrics.reapedUnits(d.Kind(), "exited", reaped.Exited)
+	return reaped, nil
+}
+
+func (d *Docker) reapOne(ctx context.Context, u Unit) (string, error) {
+	defer d.locks.lock(u.Name)()
+	reason := ""
+	d.mu.Lock()
+	tracked := d.units[u.Name]
+	switch {
+	case !u.Running:
+		reason = "exited"
+	case tracked == nil || tracked.id != u.ID:
+		// Started by this instance but unknown to this process: from now on its idle
+		// time counts.
+		d.units[u.Name] = &dockerUnit{id: u.ID, lastUsed: d.cfg.Now()}
+	case u.Role == RoleWorker && d.cfg.IdleTimeout > 0 && tracked.inFlight == 0 &&
+		d.cfg.Now().Sub(tracked.lastUsed) >= d.cfg.IdleTimeout:
+		reason = "idle"
+	}
+	if reason != "" && tracked != nil && tracked.id == u.ID {
+		delete(d.units, u.Name)
+	}
+	d.mu.Unlock()
+	if reason == "" {
+		return "", nil
+	}
+	if err := d.remove(ctx, u.ID); err != nil {
+		return "", err
+	}
+	d.log.Info("container reaped", "container", u.Name, "id", shortID(u.ID), "reason", reason)
+	return reason, nil
+}
+
+// remove kills and removes a container; one already gone is not an error.
+func (d *Docker) remove(ctx context.Context, idOrName string) error {
+	err := d.cli.ContainerRemove(ctx, idOrName, container.RemoveOptions{Force: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove container %s: %w", idOrName, err)
+	}
+	return nil
+}
+
+// forget drops what this process knows of a unit; with an id, only while that container is
+// still the one known, so a worker started meanwhile is kept.
+func (d *Docker) forget(name, id string) {
+	d.mu.Lock()
+	if u := d.units[name]; u != nil && (id == "" || u.id == id) {
+		delete(d.units, name)
+	}
+	d.mu.Unlock()
+}
+
+func containerName(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return strings.TrimPrefix(names[0], "/")
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// fileIdentity names the inode a bind mount of the file would follow.
+func fileIdentity(fi os.FileInfo) string {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return fmt.Sprintf("%d-%d", st.Dev, st.Ino)
+	}
+	return ""
+}
+
+func secretLines(secrets []string) string {
+	var b strings.Builder
+	for _, s := range secrets {
+		b.WriteString(s)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,273 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func dockerHarness() harness { return harnesses()[0] }
+
+func TestDockerAdoptsItsOwnAndRemovesTheRest(t *testing.T) {
+	requireEngine(t)
+	ctx := testContext(t)
+	cfg := testConfig(t, nil)
+	keep, exited, foreign := newOrg(t, cfg, "adopt-keep"), newOrg(t, cfg, "adopt-exited"), newOrg(t, cfg, "adopt-foreign")
+
+	// Two instances share the engine, each running its own.
+	before, err := NewDocker(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := cfg
+	other.Instance = cfg.Instance + "-gone"
+	other.Metrics = nil
+	gone, err := NewDocker(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := mustEnsureWorker(t, before, keep)
+	dead := mustEnsureWorker(t, before, exited)
+	killContainer(t, before, dead.Unit)
+	orphan := mustEnsureWorker(t, gone, foreign)
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := before.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Beside them, a runtime of another scope on the same engine.
+	bystanderCfg := testConfig(t, nil)
+	bystanderCfg.Scope = testScope() + "-bystander"
+	bystander := dockerHarness().start(t, bystanderCfg)
+	bystanderOrg := newOrg(t, bystanderCfg, "adopt-bystander")
+	untouched := mustEnsureWorker(t, bystander, bystanderOrg)
+
+	// The same instance starts again.
+	cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+	after := dockerHarness().start(t, cfg)
+	for _, u := range []Unit{dead.Unit, orphan.Unit} {
+		if _, err := suite.engine.ContainerInspect(ctx, u.ID); !cerrdefs.IsNotFound(err) {
+			t.Errorf("%s survived the restart (inspect: %v)", u.Name, err)
+		}
+	}
+	units, err := after.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(units) != 1 || units[0].ID != kept.ID || !units[0].Running {
+		t.Errorf("after restart List = %+v, want only %s running", units, kept.Name)
+	}
+	if e := mustEnsureWorker(t, after, keep); e.Cold || e.ID != kept.ID {
+		t.Errorf("ensure after restart = %+v, want the adopted %s", e, kept.ID)
+	}
+	if out, _, _ := run(t, after, keep, "adopted\n", nil, "testagent", "echo"); out != "adopted\n" {
+		t.Errorf("exec in the adopted worker printed %q", out)
+	}
+	for reason, want := range map[string]float64{"stale": 1, "exited": 1} {
+		if got := testutil.ToFloat64(cfg.Metrics.reaped.WithLabelValues("docker", reason)); got != want {
+			t.Errorf("removed %s at start counted %v, want %v", reason, got, want)
+		}
+	}
+	if e := mustEnsureWorker(t, bystander, bystanderOrg); e.Cold || e.ID != untouched.ID {
+		t.Errorf("the restart removed another scope's container: %+v, was %s", e, untouched.ID)
+	}
+}
+
+func TestDockerContainerShape(t *testing.T) {
+	requireEngine(t)
+	ctx := testContext(t)
+	cfg := testConfig(t, nil)
+	cfg.Limits = Limits{MemoryBytes: 128 << 20, NanoCPUs: 500_000_000, Pids: 64}
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "shape")
+	e := mustEnsureWorker(t, rt, org)
+
+	info, err := suite.engine.ContainerInspect(ctx, e.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Name != "/hermes-org-"+org {
+		t.Errorf("name %q", info.Name)
+	}
+	for k, want := range map[string]string{LabelManaged: "true", LabelOrg: org, LabelRole: "worker", LabelInstance: cfg.Instance} {
+		if got := info.Config.Labels[k]; got != want {
+			t.Errorf("label %s = %q, want %q", k, got, want)
+		}
+	}
+	home := filepath.Join(cfg.OrgsRoot, org)
+	wantMounts := map[string]struct {
+		source string
+		rw     bool
+	}{
+		"/home/hermes":         {home, true},
+		"/workspaces":          {filepath.Join(cfg.WorkspacesRoot, org), true},
+		"/home/hermes/SOUL.md": {filepath.Join(home, "SOUL.md"), false},
+	}
+	var binds int
+	for _, m := range info.Mounts {
+		if m.Type != mount.TypeBind {
+			continue
+		}
+		binds++
+		want, ok := wantMounts[m.Destination]
+		if !ok || m.Source != want.source || m.RW != want.rw {
+			t.Errorf("mount %s from %s (rw %v) is not one of %v", m.Destination, m.Source, m.RW, wantMounts)
+		}
+	}
+	if binds != len(wantMounts) {
+		t.Errorf("%d bind mounts, want %d: %+v", binds, len(wantMounts), info.Mounts)
+	}
+	hc := info.HostConfig
+	if hc.Memory != 128<<20 || hc.MemorySwap != 128<<20 || hc.NanoCPUs != 500_000_000 || hc.PidsLimit == nil || *hc.PidsLimit != 64 {
+		t.Errorf("limits memory %d swap %d cpus %d pids %v", hc.Memory, hc.MemorySwap, hc.NanoCPUs, hc.PidsLimit)
+	}
+	if hc.NetworkMode != "host" || !hc.ReadonlyRootfs || !slices.Equal(hc.CapDrop, []string{"ALL"}) ||
+		hc.Init == nil || !*hc.Init || !slices.Contains(hc.SecurityOpt, "no-new-privileges") {
+		t.Errorf("host config network %q read-only %v cap-drop %v init %v security %v",
+			hc.NetworkMode, hc.ReadonlyRootfs, hc.CapDrop, hc.Init, hc.SecurityOpt)
+	}
+	if want := fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid()); info.Config.User != want {
+		t.Errorf("user %q, want %q", info.Config.User, want)
+	}
+	for _, kv := range info.Config.Env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains([]string{"PATH", "HOME", "HERMES_HOME", "HERMES_WORKSPACES", "HERMES_ORG"}, name) {
+			t.Errorf("unexpected container environment variable %s", name)
+		}
+	}
+}
+
+func TestDockerRecreatesWorkerWhenSoulReplaced(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "soul")
+	first := mustEnsureWorker(t, rt, org)
+	soul := filepath.Join(cfg.OrgsRoot, org, "SOUL.md")
+
+	// The host replaces files by rename (atomic write); in a running container the kernel
+	// then detaches the read-only bind of the old file.
+	tmp := soul + ".tmp"
+	if err := os.WriteFile(tmp, []byte("soul v2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, soul); err != nil {
+		t.Fatal(err)
+	}
+	next := mustEnsureWorker(t, rt, org)
+	if !next.Cold || next.ID == first.ID {
+		t.Errorf("ensure after SOUL.md was replaced = %+v, want a new container", next)
+	}
+	if out, _, _ := run(t, rt, org, "", nil, "testagent", "cat", "/home/hermes/SOUL.md"); out != "soul v2\n" {
+		t.Errorf("the new worker sees SOUL.md %q, want the replacement", out)
+	}
+	if _, _, status := run(t, rt, org, "forged", nil, "testagent", "write", "/home/hermes/SOUL.md"); status.Code == 0 {
+		t.Error("SOUL.md is writable in the recreated worker")
+	}
+	if again := mustEnsureWorker(t, rt, org); again.Cold {
+		t.Error("an unchanged SOUL.md recreated the worker again")
+	}
+}
+
+func TestDetect(t *testing.T) {
+	t.Run("NoEngineMeansProcess", func(t *testing.T) {
+		t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+		var logs syncBuffer
+		rt, err := Detect(testContext(t), testConfig(t, &logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		if rt.Kind() != "process" {
+			t.Errorf("Detect chose %s without an engine", rt.Kind())
+		}
+		if !strings.Contains(logs.String(), "runtime=process") || !strings.Contains(logs.String(), "no-engine.sock") {
+			t.Errorf("the choice and its reason are not logged: %s", logs.String())
+		}
+	})
+	t.Run("EngineMeansDocker", func(t *testing.T) {
+		requireEngine(t)
+		var logs syncBuffer
+		rt, err := Detect(testContext(t), testConfig(t, &logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		if rt.Kind() != "docker" || !strings.Contains(logs.String(), "runtime=docker") {
+			t.Errorf("Detect chose %s with an engine; logged %s", rt.Kind(), logs.String())
+		}
+	})
+	t.Run("EngineWithoutImagesIsAnError", func(t *testing.T) {
+		requireEngine(t)
+		cfg := testConfig(t, nil)
+		cfg.WorkerImage = "hermes-runtime-test:no-such-image"
+		rt, err := Detect(testContext(t), cfg)
+		if err == nil {
+			rt.Close()
+			t.Fatalf("Detect fell back to %s instead of failing on a missing image", rt.Kind())
+		}
+		if !strings.Contains(err.Error(), "no-such-image") {
+			t.Errorf("error does not name the image: %v", err)
+		}
+	})
+}
+
+func TestScratchImages(t *testing.T) {
+	t.Run("RefusesDynamicBinaries", func(t *testing.T) {
+		const dynamic = "/bin/ls"
+		if err := checkStatic(dynamic); err == nil {
+			t.Skipf("%s is static on this machine", dynamic)
+		}
+		_, err := scratchContext(ScratchImage{Tag: "x", Binaries: []string{suite.agent, dynamic}})
+		if err == nil || !strings.Contains(err.Error(), "dynamically linked") {
+			t.Errorf("context with %s: %v, want a dynamically linked error", dynamic, err)
+		}
+	})
+	t.Run("RefusesTwoBinariesOfOneName", func(t *testing.T) {
+		_, err := scratchContext(ScratchImage{Tag: "x", Binaries: []string{suite.agent, suite.agent}})
+		if err == nil || !strings.Contains(err.Error(), "two binaries named testagent") {
+			t.Errorf("duplicate binaries: %v", err)
+		}
+	})
+	t.Run("ReportsBuilderErrors", func(t *testing.T) {
+		stream := `{"stream":"Step 1/3 : FROM scratch\n"}` + "\n" + `{"errorDetail":{"message":"COPY failed"},"error":"COPY failed"}`
+		_, err := readBuildStream(strings.NewReader(stream))
+		if err == nil || !strings.Contains(err.Error(), "COPY failed") || !strings.Contains(err.Error(), "Step 1/3") {
+			t.Errorf("builder error reported as %v", err)
+		}
+	})
+	t.Run("BuildsHostImages", func(t *testing.T) {
+		requireEngine(t)
+		ctx := testContext(t)
+		worker, dashboard := "hermes-runtime-test-worker:"+suite.runID, "hermes-runtime-test-dashboard:"+suite.runID
+		if err := BuildHostImages(ctx, worker, dashboard, []string{suite.agent}); err != nil {
+			t.Fatal(err)
+		}
+		for tag, cmd := range map[string][]string{worker: {"hermes-host", "worker", "idle"}, dashboard: {"hermes-host", "dashboard"}} {
+			t.Cleanup(func() {
+				if _, err := suite.engine.ImageRemove(context.Background(), tag, image.RemoveOptions{Force: true, PruneChildren: true}); err != nil {
+					t.Errorf("remove %s: %v", tag, err)
+				}
+			})
+			img, err := suite.engine.ImageInspect(ctx, tag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(img.Config.Cmd, cmd) || !slices.Contains(img.Config.Env, "PATH=/bin") {
+				t.Errorf("%s: cmd %v env %v", tag, img.Config.Cmd, img.Config.Env)
+			}
+		}
+	})
+}

@@ -1,0 +1,489 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// memorySampleInterval is how often Process measures a running exec's resident memory.
+const memorySampleInterval = 50 * time.Millisecond
+
+// outputDrainWait bounds how long an ended exec waits for its output pipes to close after
+// its process group was killed; only a process that left the group can hold them longer.
+const outputDrainWait = 2 * time.Second
+
+var errClosed = errors.New("runtime closed")
+
+// Process runs each org's worker and dashboard as local subprocesses, each in its own
+// process group, working in the org's home. It is the embedded default for one machine
+// without a Docker engine. It keeps the environment rules (a subprocess sees only the
+// org's variables and what its Command adds, never the host's environment) and limits
+// memory by sampling, but it is not an isolation boundary: subprocesses run as the host's
+// user and can reach every file the host can.
+type Process struct {
+	cfg   Config
+	log   *slog.Logger
+	locks unitLocks
+	waits sync.WaitGroup // one per unit whose main process has not been reaped
+
+	mu     sync.Mutex
+	units  map[string]*processUnit // by unit name
+	closed bool
+}
+
+type processUnit struct {
+	org      string
+	role     Role
+	name     string
+	pid      int // also its process group
+	exited   chan struct{}
+	execs    map[*processExec]struct{}
+	lastUsed time.Time
+}
+
+type processExec struct {
+	pgid        int // zero until started; guarded by Process.mu
+	gone        atomic.Bool
+	outOfMemory atomic.Bool
+}
+
+// NewProcess returns a Process runtime. Its subprocesses get SIGKILL if the host dies, so
+// nothing is left to adopt at the next start.
+func NewProcess(cfg Config) (*Process, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Process{
+		cfg:   cfg,
+		log:   cfg.Logger.With("runtime", "process"),
+		units: make(map[string]*processUnit),
+	}, nil
+}
+
+// Kind implements Runtime.
+func (p *Process) Kind() string { return "process" }
+
+// EnsureWorker implements Runtime.
+func (p *Process) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
+	return p.ensure(org, RoleWorker, p.cfg.WorkerIdle, nil)
+}
+
+// EnsureDashboard implements Runtime.
+func (p *Process) EnsureDashboard(ctx context.Context, org string, d Dashboard) (Ensured, error) {
+	if len(d.Args) == 0 {
+		return Ensured{}, errors.New("ensure dashboard: no command")
+	}
+	return p.ensure(org, RoleDashboard, d.Args, d.Secrets)
+}
+
+func (p *Process) ensure(org string, role Role, args, secrets []string) (Ensured, error) {
+	dirs, err := p.cfg.prepareOrg(org)
+	if err != nil {
+		return Ensured{}, err
+	}
+	name := UnitName(org, role)
+	defer p.locks.lock(name)()
+
+	p.mu.Lock()
+	u := p.units[name]
+	if u != nil && !hasEnded(u.exited) {
+		u.lastUsed = p.cfg.Now()
+		p.mu.Unlock()
+		p.cfg.Metrics.ensured(p.Kind(), role, false)
+		return Ensured{Unit: u.unit(true)}, nil
+	}
+	p.mu.Unlock()
+
+	cmd, err := p.command(org, dirs, args, nil)
+	if err != nil {
+		return Ensured{}, err
+	}
+	cmd.Stdout, cmd.Stderr = p.cfg.Output, p.cfg.Output
+	if role == RoleDashboard {
+		cmd.Stdin = strings.NewReader(secretLines(secrets))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return Ensured{}, errClosed
+	}
+	if err := cmd.Start(); err != nil {
+		return Ensured{}, fmt.Errorf("start %s: %w", name, err)
+	}
+	u = &processUnit{
+		org:      org,
+		role:     role,
+		name:     name,
+		pid:      cmd.Process.Pid,
+		exited:   make(chan struct{}),
+		execs:    make(map[*processExec]struct{}),
+		lastUsed: p.cfg.Now(),
+	}
+	p.units[name] = u
+	p.waits.Add(1)
+	go func() {
+		defer p.waits.Done()
+		p.unitEnded(u, cmd.Wait())
+	}()
+	p.cfg.Metrics.ensured(p.Kind(), role, true)
+	p.log.Info("process started", "unit", name, "pid", u.pid, "org", org, "role", role)
+	return Ensured{Unit: u.unit(true), Cold: true}, nil
+}
+
+// unitEnded runs once a unit's main process has exited: like a container's, its death
+// takes everything started in it along.
+func (p *Process) unitEnded(u *processUnit, waitErr error) {
+	killGroup(u.pid)
+	p.mu.Lock()
+	close(u.exited)
+	for e := range u.execs {
+		e.gone.Store(true)
+		if e.pgid != 0 {
+			killGroup(e.pgid)
+		}
+	}
+	p.mu.Unlock()
+	p.log.Info("process exited", "unit", u.name, "pid", u.pid, "status", waitStatus(waitErr))
+}
+
+// Exec implements Runtime. Cancelling kills the program's process group; the worker keeps
+// running.
+func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error) {
+	if err := ValidateOrg(org); err != nil {
+		return ExitStatus{}, err
+	}
+	if len(cmd.Args) == 0 {
+		return ExitStatus{}, errors.New("exec: no command")
+	}
+	name := UnitName(org, RoleWorker)
+	p.mu.Lock()
+	u := p.units[name]
+	if u == nil || hasEnded(u.exited) {
+		p.mu.Unlock()
+		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, ErrNotRunning)
+	}
+	e := &processExec{}
+	u.execs[e] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(u.execs, e)
+		u.lastUsed = p.cfg.Now()
+		p.mu.Unlock()
+	}()
+
+	began := p.cfg.Now()
+	status, outcome, err := p.exec(ctx, u, e, cmd)
+	return recordExec(p.log, p.cfg.Metrics, p.Kind(), name, cmd, p.cfg.Now().Sub(began), status, outcome, err)
+}
+
+func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, command Command) (ExitStatus, string, error) {
+	cmd, err := p.command(u.org, p.cfg.dirs(u.org), command.Args, command.Env)
+	if err != nil {
+		return ExitStatus{}, outcomeFailed, err
+	}
+	// Pipes made here, rather than by os/exec, let Wait return as soon as the program
+	// exits: its leftovers are then killed, and only after that is the output drained.
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return ExitStatus{}, outcomeFailed, err
+	}
+	defer stdinW.Close()
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		return ExitStatus{}, outcomeFailed, err
+	}
+	defer stdoutR.Close()
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		stdoutW.Close()
+		return ExitStatus{}, outcomeFailed, err
+	}
+	defer stderrR.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, stdoutW, stderrW
+	err = cmd.Start()
+	stdinR.Close()
+	stdoutW.Close()
+	stderrW.Close()
+	if err != nil {
+		return ExitStatus{}, outcomeFailed, err
+	}
+	pgid := cmd.Process.Pid
+	p.mu.Lock()
+	e.pgid = pgid
+	if hasEnded(u.exited) {
+		e.gone.Store(true)
+		killGroup(pgid)
+	}
+	p.mu.Unlock()
+
+	go func() {
+		// A caller's Stdin that never returns keeps this goroutine until it does; the
+		// exec itself does not wait for it.
+		if command.Stdin != nil {
+			_, _ = io.Copy(stdinW, command.Stdin)
+		}
+		stdinW.Close()
+	}()
+	var output sync.WaitGroup
+	output.Go(func() { _, _ = io.Copy(orDiscard(command.Stdout), stdoutR) })
+	output.Go(func() { _, _ = io.Copy(orDiscard(command.Stderr), stderrR) })
+	stopSampling := make(chan struct{})
+	var sampler sync.WaitGroup
+	if limit := p.cfg.Limits.MemoryBytes; limit > 0 {
+		sampler.Go(func() { limitMemory(e, pgid, limit, stopSampling) })
+	}
+	stopWatching := context.AfterFunc(ctx, func() { killGroup(pgid) })
+
+	waitErr := cmd.Wait()
+	canceled := !stopWatching()
+	close(stopSampling)
+	sampler.Wait()
+	killGroup(pgid)
+	drained := make(chan struct{})
+	go func() {
+		output.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(outputDrainWait):
+		stdoutR.Close()
+		stderrR.Close()
+		<-drained
+	}
+
+	var exitErr *exec.ExitError
+	switch {
+	case canceled:
+		return ExitStatus{}, outcomeCanceled, context.Cause(ctx)
+	case e.gone.Load():
+		return ExitStatus{}, outcomeWorkerGone, ErrWorkerGone
+	case waitErr != nil && !errors.As(waitErr, &exitErr):
+		return ExitStatus{}, outcomeFailed, waitErr
+	}
+	status := ExitStatus{Code: exitCode(cmd.ProcessState)}
+	if e.outOfMemory.Load() {
+		status.OutOfMemory = true
+		return status, outcomeOutOfMemory, nil
+	}
+	return status, outcomeExited, nil
+}
+
+// command prepares a program of an org with the org's environment, in its own process
+// group. Pdeathsig kills it with the host (strictly: with the host thread that started it,
+// and Go retires threads only for goroutines that exit while locked to one).
+func (p *Process) command(org string, dirs orgDirs, args, env []string) (*exec.Cmd, error) {
+	program, err := p.program(args[0])
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(program, args[1:]...)
+	cmd.Dir = dirs.home
+	cmd.Env = append([]string{
+		"PATH=" + p.cfg.BinDir + string(os.PathListSeparator) + os.Getenv("PATH"),
+		"HOME=" + dirs.home,
+		"HERMES_HOME=" + dirs.home,
+		"HERMES_WORKSPACES=" + dirs.workspaces,
+		"HERMES_ORG=" + org,
+	}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return cmd, nil
+}
+
+func (p *Process) program(name string) (string, error) {
+	if strings.ContainsRune(name, '/') {
+		return name, nil
+	}
+	if p.cfg.BinDir == "" {
+		path, err := exec.LookPath(name)
+		if err != nil {
+			return "", fmt.Errorf("program %s: %w", name, err)
+		}
+		return path, nil
+	}
+	path := filepath.Join(p.cfg.BinDir, name)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("program %s: %w", name, err)
+	}
+	return path, nil
+}
+
+// Stop implements Runtime.
+func (p *Process) Stop(ctx context.Context, org string, role Role) error {
+	if err := ValidateOrg(org); err != nil {
+		return err
+	}
+	name := UnitName(org, role)
+	defer p.locks.lock(name)()
+	p.mu.Lock()
+	u := p.units[name]
+	delete(p.units, name)
+	p.mu.Unlock()
+	if u == nil {
+		return nil
+	}
+	killGroup(u.pid)
+	select {
+	case <-u.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: %w", name, context.Cause(ctx))
+	}
+	p.log.Info("process stopped", "unit", name, "pid", u.pid)
+	return nil
+}
+
+// List implements Runtime.
+func (p *Process) List(ctx context.Context) ([]Unit, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	units := make([]Unit, 0, len(p.units))
+	for _, u := range p.units {
+		units = append(units, u.unit(!hasEnded(u.exited)))
+	}
+	return units, nil
+}
+
+// Reap implements Runtime.
+func (p *Process) Reap(ctx context.Context) (Reaped, error) {
+	var reaped Reaped
+	var idle []*processUnit
+	now := p.cfg.Now()
+	p.mu.Lock()
+	for name, u := range p.units {
+		switch {
+		case hasEnded(u.exited):
+			delete(p.units, name)
+			reaped.Exited++
+			p.log.Info("process reaped", "unit", name, "pid", u.pid, "reason", "exited")
+		case u.role == RoleWorker && p.cfg.IdleTimeout > 0 && len(u.execs) == 0 &&
+			now.Sub(u.lastUsed) >= p.cfg.IdleTimeout:
+			delete(p.units, name)
+			idle = append(idle, u)
+		}
+	}
+	p.mu.Unlock()
+	var err error
+	for _, u := range idle {
+		killGroup(u.pid)
+		select {
+		case <-u.exited:
+			reaped.Idle++
+			p.log.Info("process reaped", "unit", u.name, "pid", u.pid, "reason", "idle")
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		}
+	}
+	p.cfg.Metrics.reapedUnits(p.Kind(), "idle", reaped.Idle)
+	p.cfg.Metrics.reapedUnits(p.Kind(), "exited", reaped.Exited)
+	return reaped, err
+}
+
+// Close kills every subprocess and waits until each is reaped.
+func (p *Process) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for _, u := range p.units {
+		killGroup(u.pid)
+	}
+	p.units = make(map[string]*processUnit)
+	p.mu.Unlock()
+	p.waits.Wait()
+	return nil
+}
+
+func (u *processUnit) unit(running bool) Unit {
+	return Unit{Org: u.org, Role: u.role, Name: u.name, ID: strconv.Itoa(u.pid), Running: running}
+}
+
+// limitMemory kills the exec's process group once its resident memory passes limit.
+func limitMemory(e *processExec, pgid int, limit int64, stop <-chan struct{}) {
+	tick := time.NewTicker(memorySampleInterval)
+	defer tick.Stop()
+	for {
+		if groupResident(pgid) > limit {
+			e.outOfMemory.Store(true)
+			killGroup(pgid)
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// groupResident sums the resident memory of the processes in a process group.
+func groupResident(pgid int) int64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	pageSize := int64(os.Getpagesize())
+	var total int64
+	for _, entry := range entries {
+		if _, err := strconv.Atoi(entry.Name()); err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", entry.Name(), "stat"))
+		if err != nil {
+			continue // the process ended while we looked
+		}
+		// Fields after the command name, which may itself hold spaces and parentheses:
+		// state ppid pgrp ... with rss the 22nd.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 22 || fields[2] != strconv.Itoa(pgid) {
+			continue
+		}
+		pages, err := strconv.ParseInt(fields[21], 10, 64)
+		if err == nil {
+			total += pages * pageSize
+		}
+	}
+	return total
+}
+
+func killGroup(pgid int) {
+	// ESRCH only says the group is already gone.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+}
+
+func exitCode(state *os.ProcessState) int {
+	if ws, ok := state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return state.ExitCode()
+}
+
+func waitStatus(err error) string {
+	if err == nil {
+		return "exit 0"
+	}
+	return err.Error()
+}
+
+func hasEnded(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
