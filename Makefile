@@ -6,7 +6,7 @@ export CGO_ENABLED ?= 0
 BIN := bin/hermes-host
 GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
 
-.PHONY: run test build generate lint test-go bench clean
+.PHONY: run test build generate lint test-go bench images clean
 
 ## run: start Postgres if none is given, migrate, and run the whole product (hermes-host dev).
 run: build
@@ -17,6 +17,11 @@ build: $(BIN)
 
 $(BIN): $(GO_SOURCES)
 	$(GO) build -trimpath -o $@ ./cmd/hermes-host
+
+## images: build the worker and dashboard images FROM scratch on the local Docker engine.
+images: build
+	@if scripts/docker.sh status; then $(BIN) images build $(BIN); \
+	else scripts/docker.sh start && { $(BIN) images build $(BIN); rc=$$?; scripts/docker.sh stop; exit $$rc; }; fi
 
 ## generate: regenerate generated code.
 generate:

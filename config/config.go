@@ -54,6 +54,10 @@ var (
 		Usage: "how often a worker heartbeats a running job"})
 	OrgsRoot = define(Var{Name: "ORGS_ROOT", Default: "/var/lib/hermes/orgs",
 		Usage: "the folder holding one HERMES_HOME per organization"})
+	WorkerImage = define(Var{Name: "HERMES_WORKER_IMAGE", Default: "hermes-host-worker:dev",
+		Usage: "the image of every org's worker container"})
+	DashboardImage = define(Var{Name: "HERMES_DASHBOARD_IMAGE", Default: "hermes-host-dashboard:dev",
+		Usage: "the image of every org's dashboard container"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
 		Usage: "the agent command"})
 )

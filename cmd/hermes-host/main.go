@@ -16,8 +16,10 @@ func root() *cli.Command {
 		Summary: "run Hermes agents for many organizations, safely",
 		Subcommands: []*cli.Command{
 			devCommand(),
+			imagesCommand(),
 			leaseCommand(),
 			migrateCommand(),
+			workerCommand(),
 		},
 	}
 }

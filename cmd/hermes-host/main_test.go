@@ -267,3 +267,35 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+func TestWorkerIdleStopsOnSIGTERM(t *testing.T) {
+	cmd := exec.Command(binary, "worker", "idle")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stderr)
+	if !lines.Scan() || !strings.Contains(lines.Text(), "jobs are executed beside this process") {
+		cmd.Process.Kill() //nolint:errcheck
+		t.Fatalf("worker idle did not start: %q", lines.Text())
+	}
+	drained := make(chan struct{})
+	go func() { io.Copy(io.Discard, stderr); close(drained) }() //nolint:errcheck
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-drained
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("worker idle did not exit cleanly: %v", err)
+	}
+}
+
+func TestImagesBuildWantsBinaries(t *testing.T) {
+	if r := run(t, nil, "images", "build"); r.code != 2 || !strings.Contains(r.stderr, "name the static binaries") {
+		t.Fatalf("%+v", r)
+	}
+}
