@@ -18,7 +18,7 @@ var ErrStateBusy = errors.New("state.db busy: skill usage unknown, try again")
 
 // Where a skill's last use was read from, best first.
 const (
-	UsageStateDB = "state.db"       // assistant tool calls to skill_view / skill_manage
+	UsageStateDB = "state.db" // assistant tool calls to skill_view / skill_manage
 	UsageSidecar = "skills/.usage.json"
 	UsageModTime = "SKILL.md mtime" // no recorded use at all
 )
