@@ -62,9 +62,9 @@ type loadConfig struct {
 // pointer, and then calls v's Validate method if it has one.
 //
 // It is strict because a damaged credentials file must never look like "no
-// credentials": a file that is empty, larger than the size limit, not UTF-8,
-// truncated, not JSON, of the wrong shape, followed by anything but
-// whitespace, or that fails Validate is an error, a *LoadError that says what
+// credentials": a file that is empty, only whitespace or JSON null, larger
+// than the size limit, not UTF-8, truncated, not JSON, of the wrong shape,
+// followed by anything but whitespace, or that fails Validate is an error, a *LoadError that says what
 // is wrong and where. v is set only when LoadJSON returns nil; it is replaced,
 // not merged into. The file is opened read-only and never changed.
 func LoadJSON(path string, v any, opts ...LoadOption) error {
@@ -126,6 +126,11 @@ func (c *loadConfig) read(path string) ([]byte, error) {
 			detail: fmt.Sprintf("holds only whitespace (%d bytes): refusing to treat it as no credentials", len(data))}
 	}
 	if offset := invalidUTF8Offset(data); offset >= 0 {
+		if !utf8.FullRune(data[offset:]) {
+			end := int64(len(data))
+			return nil, &LoadError{Path: path, Kind: ErrTruncated, Offset: end,
+				detail: "is truncated: it ends in the middle of a UTF-8 character at " + position(data, end)}
+		}
 		return nil, &LoadError{Path: path, Kind: ErrInvalidUTF8, Offset: offset,
 			detail: "is not valid UTF-8 at " + position(data, offset)}
 	}
@@ -154,6 +159,10 @@ func (c *loadConfig) decode(path string, data []byte, v any) error {
 		return decodeError(path, data, err)
 	}
 	rest := dec.InputOffset()
+	if bytes.Equal(bytes.TrimLeft(data[:rest], " \t\r\n"), []byte("null")) {
+		return &LoadError{Path: path, Kind: ErrEmpty, Offset: -1,
+			detail: "holds only JSON null: refusing to treat it as no credentials"}
+	}
 	if trimmed := bytes.TrimLeft(data[rest:], " \t\r\n"); len(trimmed) > 0 {
 		offset := int64(len(data) - len(trimmed))
 		return &LoadError{Path: path, Kind: ErrTrailingData, Offset: offset,
