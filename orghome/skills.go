@@ -299,13 +299,13 @@ func readSkill(t skillTree, base, rel, category string) (sk Skill, problem strin
 	case err != nil:
 		return Skill{}, describeReadError(err), true
 	case more:
-		return Skill{}, fmt.Sprintf("SKILL.md is over %d characters", MaxSkillFileChars), true
+		return Skill{}, fmt.Sprintf("SKILL.md is over Hermes' limit of %d characters", MaxSkillFileChars), true
 	case !utf8.Valid(raw):
 		return Skill{}, "SKILL.md is not UTF-8 text", true
 	}
 	chars := utf8.RuneCount(raw)
 	if chars > MaxSkillFileChars {
-		return Skill{}, fmt.Sprintf("SKILL.md is %d characters, over Hermes' %d", chars, MaxSkillFileChars), true
+		return Skill{}, fmt.Sprintf("SKILL.md is %d characters, over Hermes' limit of %d characters", chars, MaxSkillFileChars), true
 	}
 	fm, problem := parseFrontmatter(raw)
 	if problem != "" {
