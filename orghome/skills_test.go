@@ -137,9 +137,9 @@ func capFixture(t *testing.T) (*Home, *Bundled, string) {
 			ToolCalls: []hermesstate.ToolCall{{ID: "c", Name: "skill_view", Arguments: `{"name":"` + name + `"}`}}}))
 	}
 	view("alpha", 1_700_000_300)
-	view("work/charlie", 1_700_000_100) // skill_view also takes category/name
-	view("charlie", 1_700_000_050)      // an older view does not win
-	view("github", 1_700_000_900)       // bundled: never counted
+	view("work/charlie", 1_700_000_100)                                                                          // skill_view also takes category/name
+	view("charlie", 1_700_000_050)                                                                               // an older view does not win
+	view("github", 1_700_000_900)                                                                                // bundled: never counted
 	writeFile(t, sk, ".usage.json", `{"bravo": {"last_used_at": "2023-11-14T22:16:40+00:00", "view_count": 3}}`) // 1_700_000_200
 
 	bundledDir := t.TempDir()
