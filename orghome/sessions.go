@@ -304,7 +304,10 @@ func (s *StateDB) Sessions(ctx context.Context, q SessionQuery) (SessionPage, er
 		if err != nil {
 			return SessionPage{}, err
 		}
-		where = append(where, "(s.started_at < ? OR (s.started_at = ? AND s.id < ?))")
+		// The range on started_at walks Hermes' idx_sessions_started; the unary plus keeps
+		// the tie-break a filter, so SQLite does not turn the OR into a scan of every
+		// older row (what made a page cost the whole table).
+		where = append(where, "s.started_at <= ? AND (+s.started_at < ? OR +s.id < ?)")
 		args = append(args, c.StartedAt, c.StartedAt, c.ID)
 	}
 	if q.Search != "" {
