@@ -1,8 +1,11 @@
 package orghome
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -23,7 +26,35 @@ func newHome(t testing.TB, id string) (*Orgs, *Home) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
+	captureLog(t, h)
 	return orgs, h
+}
+
+// testLog sends a home's log lines to the test's own log, and keeps them to assert on.
+type testLog struct {
+	t   testing.TB
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.t.Log(string(bytes.TrimRight(p, "\n")))
+	return l.buf.Write(p)
+}
+
+func (l *testLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// captureLog points the home's log at the test and returns what it keeps.
+func captureLog(t testing.TB, h *Home) *testLog {
+	l := &testLog{t: t}
+	h.Log = slog.New(slog.NewTextHandler(l, nil))
+	return l
 }
 
 // writeFile writes a file under dir, making its folders.

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -131,13 +132,16 @@ func (o *Orgs) Open(id string) (*Home, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open home of org %s: %w", id, err)
 	}
-	return &Home{ID: id, Dir: filepath.Join(o.dir, id), root: root}, nil
+	return &Home{ID: id, Dir: filepath.Join(o.dir, id), Log: slog.Default(), root: root}, nil
 }
 
 // Home is one organization's HERMES_HOME. Its methods are safe for concurrent use.
 type Home struct {
 	ID  string
 	Dir string // absolute path on the host
+	// Log receives one line per change the host makes to the home (SOUL.md restored,
+	// skills disabled, workspaces removed). Open sets slog.Default(); set it before use.
+	Log *slog.Logger
 
 	root *os.Root
 }
@@ -156,7 +160,7 @@ func OpenHome(id, dir string) (*Home, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open home of org %s: %w", id, err)
 	}
-	return &Home{ID: id, Dir: abs, root: root}, nil
+	return &Home{ID: id, Dir: abs, Log: slog.Default(), root: root}, nil
 }
 
 // Close releases the home.

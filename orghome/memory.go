@@ -52,17 +52,20 @@ const memoryReadLimit = 4 << 20
 // Memory reads memories/MEMORY.md and memories/USER.md. A missing file is an empty one.
 func (h *Home) Memory() (Memory, error) {
 	memLimit, userLimit := DefaultMemoryLimit, DefaultUserLimit
-	cfg, err := h.readConfig()
-	if err != nil {
-		return Memory{}, err
+	// A config.yaml that cannot be read leaves Hermes on its default limits too
+	// (load_on_disk_store); the skills page is where a broken config is reported.
+	if cfg, err := h.readConfig(); err == nil {
+		if n, ok := cfg.intAt("memory", "memory_char_limit"); ok {
+			memLimit = n
+		}
+		if n, ok := cfg.intAt("memory", "user_char_limit"); ok {
+			userLimit = n
+		}
 	}
-	if n, ok := cfg.intAt("memory", "memory_char_limit"); ok {
-		memLimit = n
-	}
-	if n, ok := cfg.intAt("memory", "user_char_limit"); ok {
-		userLimit = n
-	}
-	var m Memory
+	var (
+		m   Memory
+		err error
+	)
 	if m.Memory, err = h.memoryFile("MEMORY.md", memLimit); err != nil {
 		return Memory{}, err
 	}

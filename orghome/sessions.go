@@ -64,6 +64,13 @@ func (h *Home) OpenState() (*StateDB, error) {
 	if !exists {
 		return nil, fmt.Errorf("org %s: %w", h.ID, ErrNoSessions)
 	}
+	// SQLite opens its sidecars by path and maps -shm writable: a link planted in their
+	// place would make the host read, or scribble on, a file outside the home.
+	for _, side := range []string{"-wal", "-shm", "-journal"} {
+		if _, _, err := h.regularFile(stateFile + side); err != nil {
+			return nil, fmt.Errorf("open sessions: %w", err)
+		}
+	}
 	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro" +
 		"&_pragma=" + url.QueryEscape(fmt.Sprintf("busy_timeout(%d)", readBusyTimeout.Milliseconds())) +
 		"&_pragma=" + url.QueryEscape("query_only(1)")

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -209,6 +210,28 @@ func TestMissingStateDBIsNoSessions(t *testing.T) {
 	_, h := newHome(t, "acme")
 	if _, err := h.OpenState(); !errors.Is(err, ErrNoSessions) {
 		t.Fatalf("OpenState without state.db: %v; want ErrNoSessions", err)
+	}
+}
+
+func TestStateDBSidecarLinkedOutIsRefused(t *testing.T) {
+	_, h := newHome(t, "acme")
+	stateFixture(t, h, 1).Close() // the last close checkpoints and removes -wal and -shm
+	other := writeFile(t, t.TempDir(), "beta-state.db-wal", "another org's WAL")
+	for _, side := range []string{"state.db-wal", "state.db-shm"} {
+		link := filepath.Join(h.Dir, side)
+		symlink(t, other, link)
+		if st, err := h.OpenState(); !errors.Is(err, ErrOutsideHome) {
+			if st != nil {
+				st.Close()
+			}
+			t.Fatalf("OpenState with %s linked out: %v; want ErrOutsideHome", side, err)
+		}
+		must(t, os.Remove(link))
+	}
+	symlink(t, other, filepath.Join(h.Dir, "elsewhere.db"))
+	must(t, os.Rename(filepath.Join(h.Dir, "elsewhere.db"), filepath.Join(h.Dir, "state.db")))
+	if _, err := h.OpenState(); !errors.Is(err, ErrOutsideHome) {
+		t.Fatalf("OpenState with state.db linked out: %v; want ErrOutsideHome", err)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strings"
 	"time"
@@ -246,7 +245,7 @@ func (h *Home) EnforceSkillCap(ctx context.Context, max int, bundled *Bundled) (
 	for i, u := range res.Disabled {
 		names[i] = u.Name
 	}
-	slog.Info("skills cap disabled least recently used skills", "org", h.ID, "max", max,
+	h.Log.Info("skills cap disabled least recently used skills", "org", h.ID, "max", max,
 		"authored", res.Authored, "disabled", names)
 	return res, nil
 }

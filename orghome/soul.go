@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"regexp"
 	"strconv"
 	"strings"
@@ -226,9 +225,9 @@ func (h *Home) EnsureSoul(id Identity) (SoulResult, error) {
 		return SoulResult{}, fmt.Errorf("ensure SOUL.md: %w", err)
 	}
 	if tampered {
-		slog.Warn("SOUL.md generated block restored", "org", h.ID, "reason", reason, "receipt_kept", true)
+		h.Log.Warn("SOUL.md generated block restored", "org", h.ID, "reason", reason, "receipt_kept", true)
 	} else {
-		slog.Info("SOUL.md generated block written", "org", h.ID, "reason", reason, "version", SoulBlockVersion)
+		h.Log.Info("SOUL.md generated block written", "org", h.ID, "reason", reason, "version", SoulBlockVersion)
 	}
 	return SoulResult{Changed: true, Reason: reason}, nil
 }

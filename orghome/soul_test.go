@@ -63,9 +63,13 @@ func TestSoulTamperedBlockIsRestoredAndTheFreeSectionKeptByteForByte(t *testing.
 	if err := os.WriteFile(filepath.Join(h.Dir, "SOUL.md"), tampered, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	log := captureLog(t, h)
 	res := ensure(t, h)
 	if !res.Changed || res.Reason != "generated block edited" {
 		t.Fatalf("ensure after tampering = %+v", res)
+	}
+	if line := log.String(); !strings.Contains(line, "level=WARN") || !strings.Contains(line, `msg="SOUL.md generated block restored" org=acme reason="generated block edited"`) {
+		t.Errorf("restoration not logged as a warning: %q", line)
 	}
 	if got := readSoul(t, h); !bytes.Equal(got, good) {
 		t.Fatalf("restored SOUL.md =\n%q\nwant\n%q", got, good)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"regexp"
 	"sort"
 	"time"
@@ -109,7 +108,7 @@ func (h *Home) PruneWorkspaces(r Retention, now time.Time, active ...string) ([]
 		if err := h.root.RemoveAll(name); err != nil {
 			return removed, h.wrapPath("remove workspace", name, err)
 		}
-		slog.Info("workspace removed", "org", h.ID, "job", w.JobID, "modified", w.ModTime, "too_old", tooOld, "too_many", tooMany)
+		h.Log.Info("workspace removed", "org", h.ID, "job", w.JobID, "modified", w.ModTime, "too_old", tooOld, "too_many", tooMany)
 		removed = append(removed, w)
 	}
 	return removed, nil
