@@ -40,7 +40,7 @@ type SkillUse struct {
 // Only a skill neither records falls back to its SKILL.md modification time, so a skill
 // just written is not the first to go.
 func (h *Home) SkillUsage(ctx context.Context, bundled *Bundled) ([]SkillUse, error) {
-	authored, _, err := h.authoredSkills()
+	skills, _, err := h.homeSkills()
 	if err != nil {
 		return nil, err
 	}
@@ -50,8 +50,11 @@ func (h *Home) SkillUsage(ctx context.Context, bundled *Bundled) ([]SkillUse, er
 	}
 	fromSidecar := h.sidecarSkillUsage()
 	bundledNames := bundled.names()
-	uses := make([]SkillUse, 0, len(authored))
-	for _, s := range authored {
+	uses := make([]SkillUse, 0, len(skills))
+	for _, s := range skills {
+		if s.Source != SkillAuthored {
+			continue
+		}
 		if bundledNames[s.Name] {
 			continue // shares its name with a bundled skill: disabling it would disable both
 		}

@@ -2,6 +2,7 @@ package orghome
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -40,9 +41,18 @@ type Skill struct {
 	Dir         string // folder of the skill, relative to its skills root, e.g. "research/arxiv"
 	Chars       int
 	ModTime     time.Time // of SKILL.md
-	Bundled     bool      // from the image, read-only
+	Source      string    // SkillAuthored, SkillHub, SkillSeeded or SkillBundled
 	Disabled    bool      // named in config.yaml's skills.disabled
 }
+
+// Where a skill comes from. Only authored skills count toward the cap: the others are
+// maintained upstream, and Hermes' own curator leaves them alone for the same reason.
+const (
+	SkillAuthored = "authored" // written in the home, by the agent or a person
+	SkillHub      = "hub"      // installed from the Skills Hub (skills/.hub/lock.json)
+	SkillSeeded   = "seeded"   // copied into the home from a bundle (skills/.bundled_manifest)
+	SkillBundled  = "bundled"  // the image's, read-only, shared by every org
+)
 
 // BrokenSkill is a SKILL.md that Hermes would not load as written, and why.
 type BrokenSkill struct {
@@ -63,17 +73,6 @@ type SkillSet struct {
 	Skills     []Skill
 	Broken     []BrokenSkill
 	Duplicates []DuplicateSkill
-}
-
-// Authored is the home's own skills: not bundled, and not installed from the Skills Hub.
-func (s SkillSet) Authored() []Skill {
-	var out []Skill
-	for _, sk := range s.Skills {
-		if !sk.Bundled {
-			out = append(out, sk)
-		}
-	}
-	return out
 }
 
 // skillTree is a read-only folder of skills: a home's skills/ or the image's bundled set.
@@ -108,7 +107,7 @@ func ReadBundled(dir string) (*Bundled, error) {
 		return nil, fmt.Errorf("read bundled skills in %s: %w", dir, err)
 	}
 	for i := range b.Skills {
-		b.Skills[i].Bundled = true
+		b.Skills[i].Source = SkillBundled
 	}
 	for i := range b.Broken {
 		b.Broken[i].Bundled = true
@@ -131,7 +130,7 @@ func (b *Bundled) names() map[string]bool {
 // ones config.yaml disables and reporting broken skills and duplicate names.
 func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 	var set SkillSet
-	authored, broken, err := h.authoredSkills()
+	authored, broken, err := h.homeSkills()
 	if err != nil {
 		return SkillSet{}, err
 	}
@@ -150,7 +149,7 @@ func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 	for i := range all {
 		all[i].Disabled = disabled[all[i].Name]
 		dir := all[i].Dir
-		if all[i].Bundled {
+		if all[i].Source == SkillBundled {
 			dir = "bundled:" + dir
 		}
 		byName[all[i].Name] = append(byName[all[i].Name], dir)
@@ -166,17 +165,16 @@ func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 		if a.Name != b.Name {
 			return a.Name < b.Name
 		}
-		return !a.Bundled && b.Bundled
+		return a.Source != SkillBundled && b.Source == SkillBundled
 	})
 	sort.Slice(set.Duplicates, func(i, j int) bool { return set.Duplicates[i].Name < set.Duplicates[j].Name })
 	sort.Slice(set.Broken, func(i, j int) bool { return set.Broken[i].Dir < set.Broken[j].Dir })
 	return set, nil
 }
 
-// authoredSkills reads the home's skills/ folder, leaving out what Hermes marks as not the
-// home's own: skills seeded from the bundle (skills/.bundled_manifest) and skills installed
-// from the Skills Hub (skills/.hub/lock.json). Those are upstream's, never capped here.
-func (h *Home) authoredSkills() ([]Skill, []BrokenSkill, error) {
+// homeSkills reads the home's skills/ folder, marking what Hermes marks as not the home's
+// own: skills seeded from a bundle and skills installed from the Skills Hub.
+func (h *Home) homeSkills() ([]Skill, []BrokenSkill, error) {
 	if _, err := h.Stat(skillsDir); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, nil
 	} else if err != nil {
@@ -186,26 +184,26 @@ func (h *Home) authoredSkills() ([]Skill, []BrokenSkill, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("read skills of org %s: %w", h.ID, err)
 	}
-	upstream := h.upstreamSkillNames()
-	own := skills[:0]
-	for _, s := range skills {
-		if !upstream[s.Name] {
-			own = append(own, s)
+	upstream := h.upstreamSkills()
+	for i := range skills {
+		skills[i].Source = SkillAuthored
+		if src, ok := upstream[skills[i].Name]; ok {
+			skills[i].Source = src
 		}
 	}
-	return own, broken, nil
+	return skills, broken, nil
 }
 
-// upstreamSkillNames is Hermes' provenance rule (tools/skill_usage.py): a skill named in
+// upstreamSkills is Hermes' provenance rule (tools/skill_usage.py): a skill named in
 // .bundled_manifest ("name:hash" lines) or in .hub/lock.json's "installed" is not the
 // agent's own. Unreadable files count as empty, as in Hermes.
-func (h *Home) upstreamSkillNames() map[string]bool {
-	out := map[string]bool{}
+func (h *Home) upstreamSkills() map[string]string {
+	out := map[string]string{}
 	if raw, _, _, err := h.readLimited(skillsDir+"/.bundled_manifest", 1<<20); err == nil {
 		for _, line := range strings.Split(string(raw), "\n") {
 			name, _, _ := strings.Cut(strings.TrimSpace(line), ":")
 			if name = strings.TrimSpace(name); name != "" {
-				out[name] = true
+				out[name] = SkillSeeded
 			}
 		}
 	}
@@ -213,9 +211,9 @@ func (h *Home) upstreamSkillNames() map[string]bool {
 		var lock struct {
 			Installed map[string]any `json:"installed"`
 		}
-		if yaml.Unmarshal(raw, &lock) == nil { // JSON is YAML
+		if json.Unmarshal(raw, &lock) == nil {
 			for name := range lock.Installed {
-				out[name] = true
+				out[name] = SkillHub
 			}
 		}
 	}

@@ -58,7 +58,7 @@ func TestSkillsAreParsedAndProblemsReported(t *testing.T) {
 	var names []string
 	for _, s := range set.Skills {
 		tag := s.Name
-		if s.Bundled {
+		if s.Source == SkillBundled {
 			tag = "bundled:" + tag
 		}
 		names = append(names, tag)
@@ -257,10 +257,15 @@ func TestSkillCapDisablesExactlyTheLeastRecentlyUsed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sources := map[string]string{}
 	for _, s := range set.Skills {
 		if want := s.Name == "bravo" || s.Name == "charlie" || s.Name == "echo"; s.Disabled != want {
 			t.Errorf("%s disabled = %v", s.Name, s.Disabled)
 		}
+		sources[s.Name] = s.Source
+	}
+	if sources["hubbed"] != SkillHub || sources["seeded"] != SkillSeeded || sources["github"] != SkillBundled || sources["alpha"] != SkillAuthored {
+		t.Errorf("skill sources = %v", sources)
 	}
 
 	// Idempotent: a second run changes nothing, not even the file's inode.
