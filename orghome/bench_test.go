@@ -2,6 +2,7 @@ package orghome
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -38,6 +39,37 @@ func BenchmarkSessionsPaging(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/200, "ns/page")
 }
 
+// BenchmarkSessionsPagingOffsetBaseline is the baseline for BenchmarkSessionsPaging: the
+// same 200 pages read with LIMIT/OFFSET and only the id scanned, on the same connection.
+func BenchmarkSessionsPagingOffsetBaseline(b *testing.B) {
+	_, h := newHome(b, "acme")
+	stateFixture(b, h, 10_000)
+	st := openState(b, h)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		n := 0
+		for off := 0; off < 10_000; off += 50 {
+			rows, err := st.db.QueryContext(ctx, "SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 50 OFFSET ?", off)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for rows.Next() {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			rows.Close()
+		}
+		if n != 10_000 {
+			b.Fatalf("paged %d sessions", n)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/200, "ns/page")
+}
+
 // BenchmarkTranscript opens one 2,000-message transcript, a third of its messages calling tools.
 func BenchmarkTranscript(b *testing.B) {
 	_, h := newHome(b, "acme")
@@ -65,11 +97,39 @@ func BenchmarkTranscript(b *testing.B) {
 		b.Fatal(err)
 	}
 	st := openState(b, h)
-	b.ReportAllocs()
-	for b.Loop() {
-		tr, err := st.Transcript(ctx, "s00000")
-		if err != nil || len(tr.Messages) != 2000 {
-			b.Fatal(err, len(tr.Messages))
+	b.Run("transcript", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tr, err := st.Transcript(ctx, "s00000")
+			if err != nil || len(tr.Messages) != 2000 {
+				b.Fatal(err, len(tr.Messages))
+			}
 		}
-	}
+	})
+	// The baseline: the same rows scanned raw, no tool-call decoding, no session row.
+	b.Run("raw-rows-baseline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rows, err := st.db.QueryContext(ctx, "SELECT id, role, content, tool_calls FROM messages WHERE session_id = ? ORDER BY timestamp, id", "s00000")
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := 0
+			for rows.Next() {
+				var (
+					id            int64
+					role          string
+					content, call sql.NullString
+				)
+				if err := rows.Scan(&id, &role, &content, &call); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			rows.Close()
+			if n != 2000 {
+				b.Fatal(n)
+			}
+		}
+	})
 }
