@@ -56,7 +56,9 @@ type stateLayout struct {
 
 // OpenState opens the home's state.db read-only: SQLite's mode=ro and query_only, so the
 // host can never write it, and WAL readers never block the running agent.
-func (h *Home) OpenState() (*StateDB, error) {
+func (h *Home) OpenState() (*StateDB, error) { return h.openState(readBusyTimeout) }
+
+func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
 	abs, exists, err := h.regularFile(stateFile)
 	if err != nil {
 		return nil, fmt.Errorf("open sessions: %w", err)
@@ -72,7 +74,7 @@ func (h *Home) OpenState() (*StateDB, error) {
 		}
 	}
 	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro" +
-		"&_pragma=" + url.QueryEscape(fmt.Sprintf("busy_timeout(%d)", readBusyTimeout.Milliseconds())) +
+		"&_pragma=" + url.QueryEscape(fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds())) +
 		"&_pragma=" + url.QueryEscape("query_only(1)")
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

@@ -235,6 +235,47 @@ func TestStateDBSidecarLinkedOutIsRefused(t *testing.T) {
 	}
 }
 
+// A writer that takes the database exclusively (locking_mode=EXCLUSIVE, as during a
+// migration) makes the reader wait out its busy timeout: the page says so, it is no error.
+func TestBusyDatabaseIsAStateNotAnError(t *testing.T) {
+	_, h := newHome(t, "acme")
+	stateFixture(t, h, 3).Close()
+	ctx := context.Background()
+
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(h.Dir, "state.db")+"?_pragma=locking_mode(EXCLUSIVE)")
+	must(t, err)
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	must(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, "BEGIN EXCLUSIVE")
+	must(t, err)
+	_, err = conn.ExecContext(ctx, "INSERT INTO sessions (id, source, started_at) VALUES ('x', 'cli', 1)")
+	must(t, err)
+	st, err := h.openState(50 * time.Millisecond)
+	must(t, err)
+	defer st.Close()
+
+	page, err := st.Sessions(ctx, SessionQuery{})
+	if err != nil || page.Status != StatusBusy || len(page.Sessions) != 0 {
+		t.Fatalf("sessions while locked: %+v, %v; want Status %q", page, err, StatusBusy)
+	}
+	tr, err := st.Transcript(ctx, "s00001")
+	if err != nil || tr.Status != StatusBusy {
+		t.Fatalf("transcript while locked: %+v, %v; want Status %q", tr, err, StatusBusy)
+	}
+	if _, err := st.SkillUsage(ctx); !errors.Is(err, ErrStateBusy) {
+		t.Fatalf("skill usage while locked: %v; want ErrStateBusy", err)
+	}
+	_, err = conn.ExecContext(ctx, "COMMIT")
+	must(t, err)
+	must(t, conn.Close())
+	must(t, db.Close()) // leaving exclusive mode takes closing the connection
+	if page, err := st.Sessions(ctx, SessionQuery{}); err != nil || page.Status != "" || len(page.Sessions) != 4 {
+		t.Fatalf("after the lock: %+v, %v", page, err)
+	}
+}
+
 func TestStateDBIsNeverWritten(t *testing.T) {
 	_, h := newHome(t, "acme")
 	stateFixture(t, h, 1)
