@@ -75,12 +75,6 @@ type SkillSet struct {
 	Duplicates []DuplicateSkill
 }
 
-// skillTree is a read-only folder of skills: a home's skills/ or the image's bundled set.
-type skillTree interface {
-	ReadDir(name string) ([]fs.DirEntry, error)
-	readLimited(name string, limit int64) ([]byte, bool, fs.FileInfo, error)
-}
-
 // Bundled is the image's bundled skills, read once per process: they are the same for
 // every org and never copied into a home.
 type Bundled struct {
@@ -101,6 +95,7 @@ func ReadBundled(dir string) (*Bundled, error) {
 		return nil, fmt.Errorf("read bundled skills: %w", err)
 	}
 	defer root.Close()
+	// The image's folder is read with the same os.Root guard as a home.
 	tree := &Home{ID: "bundled", Dir: dir, root: root}
 	b.Skills, b.Broken, err = readSkillTree(tree, ".")
 	if err != nil {
@@ -234,7 +229,7 @@ func skipSkillDir(name string) bool {
 }
 
 // readSkillTree reads <base>/<name>/SKILL.md and <base>/<category>/<name>/SKILL.md.
-func readSkillTree(t skillTree, base string) ([]Skill, []BrokenSkill, error) {
+func readSkillTree(t *Home, base string) ([]Skill, []BrokenSkill, error) {
 	top, err := t.ReadDir(base)
 	if err != nil {
 		return nil, nil, err
@@ -288,7 +283,7 @@ func describeReadError(err error) string {
 
 // readSkill reads one candidate skill folder. found is false when it has no SKILL.md (it
 // may be a category); problem is why Hermes would not load a SKILL.md that is there.
-func readSkill(t skillTree, base, rel, category string) (sk Skill, problem string, found bool) {
+func readSkill(t *Home, base, rel, category string) (sk Skill, problem string, found bool) {
 	// Hermes counts characters; four bytes a character is the most UTF-8 needs.
 	raw, more, fi, err := t.readLimited(path.Join(base, rel, "SKILL.md"), 4*MaxSkillFileChars)
 	switch {

@@ -59,7 +59,8 @@ func RenderSoulBlock(id Identity) string {
 }
 
 // soulDigest fingerprints a block's body, so the host can tell its own block written for
-// another identity (a renamed organization) from a block someone edited.
+// another identity (a renamed organization) from a block someone edited. It only decides
+// how the change is logged: a block that differs is rewritten either way.
 func soulDigest(body []byte) string {
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:8])
