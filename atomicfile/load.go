@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"reflect"
 	"strconv"
@@ -97,7 +98,11 @@ func LoadJSON(path string, v any, opts ...LoadOption) error {
 func (c *loadConfig) read(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, &LoadError{Path: path, Offset: -1, Err: err, detail: "cannot open: " + err.Error()}
+		detail := "cannot open: " + err.Error()
+		if errors.Is(err, fs.ErrNotExist) {
+			detail = "does not exist"
+		}
+		return nil, &LoadError{Path: path, Offset: -1, Err: err, detail: detail}
 	}
 	defer f.Close()
 	info, err := f.Stat()

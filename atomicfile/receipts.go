@@ -145,6 +145,10 @@ func readReceipt(path string) ([]byte, fs.FileMode, error) {
 	return data, info.Mode().Perm(), nil
 }
 
+// maxLinkAttempts bounds keepReceipt's retries, so that a receipt directory
+// removed under it is an error rather than a loop.
+const maxLinkAttempts = 100
+
 // keepReceipt links the current file at path into its receipt directory and
 // returns the receipt's path, or "" when receipts are off or there is no file
 // yet to keep.
@@ -180,12 +184,22 @@ func (c *writeConfig) keepReceipt(path string) (string, error) {
 		seq = existing[0].Seq + 1
 	}
 	replaced := c.now()
-	for {
+	// Concurrent writers on the same path make two races here, each a sign
+	// that another writer progressed, so a few retries settle them.
+	for attempt := 1; ; attempt++ {
 		receipt := filepath.Join(dir, receiptName(seq, replaced))
 		err := c.fsys.Link(path, receipt)
-		if errors.Is(err, fs.ErrExist) {
-			seq++ // a concurrent writer took this number
-			continue
+		if attempt < maxLinkAttempts {
+			if errors.Is(err, fs.ErrExist) {
+				seq++ // another writer took this number
+				continue
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				// Another writer renamed a new version over path between
+				// the lookup and the link, and Linux refuses to link the
+				// now unlinked old one; link the new one instead.
+				continue
+			}
 		}
 		if err != nil {
 			return "", err
