@@ -60,6 +60,14 @@ var (
 		Usage: "the image of every org's dashboard container"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
 		Usage: "the agent command"})
+	HermesBundledSkills = define(Var{Name: "HERMES_BUNDLED_SKILLS", Default: "/opt/hermes/skills",
+		Usage: "the image's bundled skills (read-only, never copied into a home)"})
+	SkillsMaxAuthored = define(Var{Name: "SKILLS_MAX_AUTHORED", Default: "40",
+		Usage: "authored skills an org keeps enabled; past it the least recently used are disabled, never deleted"})
+	WorkspaceRetention = define(Var{Name: "WORKSPACE_RETENTION", Default: "168h",
+		Usage: "job workspaces older than this are removed"})
+	WorkspaceKeep = define(Var{Name: "WORKSPACE_KEEP", Default: "20",
+		Usage: "job workspaces kept per org at most, newest first; older ones are removed"})
 )
 
 var all []Var

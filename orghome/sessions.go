@@ -1,0 +1,500 @@
+package orghome
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// ErrNoSessions says the home has no state.db yet: Hermes has not run there. It is a
+// state to show ("no sessions yet"), not a failure.
+var ErrNoSessions = errors.New("no sessions yet: the home has no state.db")
+
+// ErrSessionNotFound is returned by Transcript for an id the database does not hold.
+var ErrSessionNotFound = errors.New("session not found")
+
+// StatusBusy is the Status of a page the database could not answer in time, because
+// Hermes held it (a checkpoint, a WAL recovery). Reading never blocks the agent; the
+// dashboard shows this and the operator tries again.
+const StatusBusy = "busy, try again"
+
+// stateFile is Hermes' SQLite store in the home.
+const stateFile = "state.db"
+
+// readBusyTimeout bounds how long one read waits for Hermes. In WAL mode a reader is not
+// blocked by a writer at all; only a checkpoint or recovery can make it wait.
+const readBusyTimeout = 2 * time.Second
+
+// StateDB reads a home's state.db, read-only. Safe for concurrent use; Close when done.
+type StateDB struct {
+	home *Home
+	db   *sql.DB
+
+	mu      sync.Mutex
+	layout  *stateLayout // learned on first use; retried while the database is busy
+	summary string       // the SELECT list for Session rows
+}
+
+// stateLayout is which optional columns this database has: Hermes adds columns over
+// versions, and an older state.db lacks the newer ones.
+type stateLayout struct {
+	sessions map[string]bool
+	messages map[string]bool
+}
+
+// OpenState opens the home's state.db read-only: SQLite's mode=ro and query_only, so the
+// host can never write it, and WAL readers never block the running agent.
+func (h *Home) OpenState() (*StateDB, error) { return h.openState(readBusyTimeout) }
+
+func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
+	abs, exists, err := h.regularFile(stateFile)
+	if err != nil {
+		return nil, fmt.Errorf("open sessions: %w", err)
+	}
+	if !exists {
+		return nil, fmt.Errorf("org %s: %w", h.ID, ErrNoSessions)
+	}
+	// SQLite opens its sidecars by path and maps -shm writable: a link planted in their
+	// place would make the host read, or scribble on, a file outside the home.
+	for _, side := range []string{"-wal", "-shm", "-journal"} {
+		if _, _, err := h.regularFile(stateFile + side); err != nil {
+			return nil, fmt.Errorf("open sessions: %w", err)
+		}
+	}
+	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro" +
+		"&_pragma=" + url.QueryEscape(fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds())) +
+		"&_pragma=" + url.QueryEscape("query_only(1)")
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sessions of org %s: %w", h.ID, err)
+	}
+	return &StateDB{home: h, db: db}, nil
+}
+
+// Close releases the database.
+func (s *StateDB) Close() error { return s.db.Close() }
+
+// isBusy says whether a SQLite error means "Hermes holds the database right now".
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	case sqlite3.SQLITE_IOERR:
+		// A read-only connection sees a brief I/O error while the writer resets the WAL;
+		// Hermes' own read-only opener retries it for the same reason.
+		return true
+	}
+	return false
+}
+
+func (s *StateDB) load(ctx context.Context) (*stateLayout, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.layout != nil {
+		return s.layout, nil
+	}
+	l := &stateLayout{}
+	var err error
+	if l.sessions, err = s.columns(ctx, "sessions"); err != nil {
+		return nil, err
+	}
+	if l.messages, err = s.columns(ctx, "messages"); err != nil {
+		return nil, err
+	}
+	for _, need := range []string{"id", "started_at"} {
+		if !l.sessions[need] {
+			return nil, fmt.Errorf("state.db of org %s: sessions has no %s column: not Hermes' layout", s.home.ID, need)
+		}
+	}
+	for _, need := range []string{"id", "session_id", "role"} {
+		if !l.messages[need] {
+			return nil, fmt.Errorf("state.db of org %s: messages has no %s column: not Hermes' layout", s.home.ID, need)
+		}
+	}
+	s.layout = l
+	s.summary = sessionSelect(l.sessions)
+	return l, nil
+}
+
+func (s *StateDB) columns(ctx context.Context, table string) (map[string]bool, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT name FROM pragma_table_info(?)", table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		cols[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(cols) == 0 {
+		// A state.db Hermes created but has not yet given its schema reads as empty.
+		return nil, fmt.Errorf("org %s: state.db has no %s table yet: %w", s.home.ID, table, ErrNoSessions)
+	}
+	return cols, nil
+}
+
+// Session is one row of the sessions list. Counters Hermes did not record (an older
+// schema) are nil, so the page can show "—" rather than a misleading 0.
+type Session struct {
+	ID           string
+	Source       string // cli, tool, telegram, ...
+	Model        string
+	ParentID     string // set for subagent runs and compression continuations
+	Title        string
+	StartedAt    time.Time
+	EndedAt      time.Time // zero while open
+	EndReason    string
+	MessageCount int
+	Tokens       *TokenCounts
+	CostUSD      *float64 // actual cost when Hermes knows it, else its estimate
+}
+
+// TokenCounts are the token counters Hermes keeps per session.
+type TokenCounts struct {
+	Input, Output, CacheRead, CacheWrite, Reasoning int64
+}
+
+// Total is every token counted.
+func (t TokenCounts) Total() int64 {
+	return t.Input + t.Output + t.CacheRead + t.CacheWrite + t.Reasoning
+}
+
+// optional session columns, in the order sessionSelect lists them after the fixed ones.
+var sessionOptional = []string{
+	"source", "model", "parent_session_id", "title", "ended_at", "end_reason", "message_count",
+	"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
+	"actual_cost_usd", "estimated_cost_usd",
+}
+
+func sessionSelect(cols map[string]bool) string {
+	var b strings.Builder
+	b.WriteString("s.id, s.started_at")
+	for _, c := range sessionOptional {
+		if cols[c] {
+			b.WriteString(", s." + c)
+		} else {
+			b.WriteString(", NULL")
+		}
+	}
+	return b.String()
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanSession reads one row of sessionSelect; it also returns started_at as stored, which
+// the cursor needs exactly (a time.Time does not round-trip every float64).
+func scanSession(r rowScanner, hasTokens, hasCost bool) (Session, float64, error) {
+	var (
+		s                               Session
+		started                         float64
+		source, model, parent, title    sql.NullString
+		ended                           sql.NullFloat64
+		endReason                       sql.NullString
+		msgs                            sql.NullInt64
+		in, out, cacheR, cacheW, reason sql.NullInt64
+		actual, estimated               sql.NullFloat64
+	)
+	if err := r.Scan(&s.ID, &started, &source, &model, &parent, &title, &ended, &endReason, &msgs,
+		&in, &out, &cacheR, &cacheW, &reason, &actual, &estimated); err != nil {
+		return Session{}, 0, err
+	}
+	s.StartedAt = unixSeconds(started)
+	s.Source, s.Model, s.ParentID, s.Title, s.EndReason = source.String, model.String, parent.String, title.String, endReason.String
+	if ended.Valid {
+		s.EndedAt = unixSeconds(ended.Float64)
+	}
+	s.MessageCount = int(msgs.Int64)
+	if hasTokens {
+		s.Tokens = &TokenCounts{in.Int64, out.Int64, cacheR.Int64, cacheW.Int64, reason.Int64}
+	}
+	if hasCost {
+		switch {
+		case actual.Valid && actual.Float64 > 0:
+			s.CostUSD = &actual.Float64
+		case estimated.Valid:
+			s.CostUSD = &estimated.Float64
+		}
+	}
+	return s, started, nil
+}
+
+func unixSeconds(f float64) time.Time {
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC()
+}
+
+// SessionQuery asks for one page of sessions, newest first.
+type SessionQuery struct {
+	Search string // matched against titles and message content; empty lists all
+	After  string // the NextCursor of the previous page; empty starts at the newest
+	Limit  int    // page size; 0 means 50
+}
+
+// SessionPage is one page of the sessions list.
+type SessionPage struct {
+	Sessions   []Session
+	NextCursor string // empty on the last page
+	Status     string // StatusBusy when the database could not answer; Sessions is then empty
+}
+
+// cursor is the keyset position: the last row's started_at and id. Paging by it is
+// stable while Hermes inserts new sessions, and costs the same on page 200 as on page 1.
+type cursor struct {
+	StartedAt float64
+	ID        string
+}
+
+func (c cursor) encode() string {
+	raw := strconv.FormatFloat(c.StartedAt, 'g', -1, 64) + "\x00" + c.ID
+	return base64.RawURLEncoding.EncodeToString([]byte(raw))
+}
+
+func decodeCursor(s string) (cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return cursor{}, fmt.Errorf("bad sessions cursor: %w", err)
+	}
+	at, id, ok := strings.Cut(string(raw), "\x00")
+	if !ok {
+		return cursor{}, errors.New("bad sessions cursor")
+	}
+	f, err := strconv.ParseFloat(at, 64)
+	if err != nil {
+		return cursor{}, fmt.Errorf("bad sessions cursor: %w", err)
+	}
+	return cursor{f, id}, nil
+}
+
+// likePattern escapes LIKE wildcards so a search matches its text literally.
+func likePattern(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+	return "%" + r.Replace(s) + "%"
+}
+
+// Sessions lists one page of sessions, newest first.
+func (s *StateDB) Sessions(ctx context.Context, q SessionQuery) (SessionPage, error) {
+	l, err := s.load(ctx)
+	if err != nil {
+		return s.pageErr(err)
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	var (
+		where []string
+		args  []any
+	)
+	if q.After != "" {
+		c, err := decodeCursor(q.After)
+		if err != nil {
+			return SessionPage{}, err
+		}
+		// The range on started_at walks Hermes' idx_sessions_started; the unary plus keeps
+		// the tie-break a filter, so SQLite does not turn the OR into a scan of every
+		// older row (what made a page cost the whole table).
+		where = append(where, "s.started_at <= ? AND (+s.started_at < ? OR +s.id < ?)")
+		args = append(args, c.StartedAt, c.StartedAt, c.ID)
+	}
+	if q.Search != "" {
+		pat := likePattern(q.Search)
+		var or []string
+		if l.sessions["title"] {
+			or = append(or, `s.title LIKE ? ESCAPE '\'`)
+			args = append(args, pat)
+		}
+		if l.messages["content"] {
+			or = append(or, `EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.content LIKE ? ESCAPE '\')`)
+			args = append(args, pat)
+		}
+		if len(or) == 0 {
+			return SessionPage{}, nil
+		}
+		where = append(where, "("+strings.Join(or, " OR ")+")")
+	}
+	query := "SELECT " + s.summary + " FROM sessions s"
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY s.started_at DESC, s.id DESC LIMIT ?"
+	args = append(args, limit+1)
+
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return s.pageErr(err)
+	}
+	defer rows.Close()
+	hasTokens, hasCost := l.sessions["input_tokens"], l.sessions["estimated_cost_usd"] || l.sessions["actual_cost_usd"]
+	page := SessionPage{Sessions: make([]Session, 0, limit+1)}
+	var lastStarted float64
+	for rows.Next() {
+		sess, started, err := scanSession(rows, hasTokens, hasCost)
+		if err != nil {
+			return s.pageErr(err)
+		}
+		if len(page.Sessions) < limit {
+			lastStarted = started
+		}
+		page.Sessions = append(page.Sessions, sess)
+	}
+	if err := rows.Err(); err != nil {
+		return s.pageErr(err)
+	}
+	if len(page.Sessions) > limit {
+		page.Sessions = page.Sessions[:limit]
+		last := page.Sessions[limit-1]
+		page.NextCursor = cursor{lastStarted, last.ID}.encode()
+	}
+	return page, nil
+}
+
+func (s *StateDB) pageErr(err error) (SessionPage, error) {
+	if isBusy(err) {
+		return SessionPage{Status: StatusBusy}, nil
+	}
+	return SessionPage{}, fmt.Errorf("read sessions of org %s: %w", s.home.ID, err)
+}
+
+// Transcript is one session and its messages in the order Hermes recorded them.
+type Transcript struct {
+	Session  Session
+	Messages []Message
+	Status   string // StatusBusy when the database could not answer
+}
+
+// Message is one message of a transcript. Tool calls are decoded so a page can show which
+// tool was called with what; a tool message carries the answer and the tool's name.
+type Message struct {
+	ID         int64
+	Role       string // system, user, assistant, tool
+	Content    string
+	ToolCalls  []ToolCall
+	ToolName   string
+	ToolCallID string
+	Timestamp  time.Time
+}
+
+// ToolCall is one call an assistant message makes.
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string // JSON text as the model sent it
+}
+
+// decodeToolCalls reads messages.tool_calls (OpenAI's shape). Text that is not that shape
+// is kept as one call with no name, so nothing is hidden from the operator.
+func decodeToolCalls(raw string) []ToolCall {
+	if raw == "" {
+		return nil
+	}
+	var wire []struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal([]byte(raw), &wire); err != nil {
+		return []ToolCall{{Arguments: raw}}
+	}
+	calls := make([]ToolCall, len(wire))
+	for i, w := range wire {
+		args := string(w.Function.Arguments)
+		var str string
+		if json.Unmarshal(w.Function.Arguments, &str) == nil {
+			args = str // the usual case: arguments are a JSON string holding JSON
+		}
+		calls[i] = ToolCall{ID: w.ID, Name: w.Function.Name, Arguments: args}
+	}
+	return calls
+}
+
+// Transcript reads one session with all its messages.
+func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error) {
+	l, err := s.load(ctx)
+	if err != nil {
+		return s.transcriptErr(id, err)
+	}
+	// One read transaction, so the session row and its messages are one snapshot.
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return s.transcriptErr(id, err)
+	}
+	defer tx.Rollback()
+	row := tx.QueryRowContext(ctx, "SELECT "+s.summary+" FROM sessions s WHERE s.id = ?", id)
+	sess, _, err := scanSession(row, l.sessions["input_tokens"], l.sessions["estimated_cost_usd"] || l.sessions["actual_cost_usd"])
+	if errors.Is(err, sql.ErrNoRows) {
+		return Transcript{}, fmt.Errorf("transcript %s of org %s: %w", id, s.home.ID, ErrSessionNotFound)
+	}
+	if err != nil {
+		return s.transcriptErr(id, err)
+	}
+	cols := []string{"id", "role"}
+	for _, c := range []string{"content", "tool_calls", "tool_name", "tool_call_id", "timestamp"} {
+		if l.messages[c] {
+			cols = append(cols, c)
+		} else {
+			cols = append(cols, "NULL")
+		}
+	}
+	order := "id"
+	if l.messages["timestamp"] {
+		order = "timestamp, id"
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM messages WHERE session_id = ? ORDER BY "+order, id)
+	if err != nil {
+		return s.transcriptErr(id, err)
+	}
+	defer rows.Close()
+	t := Transcript{Session: sess, Messages: make([]Message, 0, sess.MessageCount)}
+	for rows.Next() {
+		var (
+			m                                Message
+			content, calls, toolName, callID sql.NullString
+			ts                               sql.NullFloat64
+		)
+		if err := rows.Scan(&m.ID, &m.Role, &content, &calls, &toolName, &callID, &ts); err != nil {
+			return s.transcriptErr(id, err)
+		}
+		m.Content, m.ToolName, m.ToolCallID = content.String, toolName.String, callID.String
+		m.ToolCalls = decodeToolCalls(calls.String)
+		if ts.Valid {
+			m.Timestamp = unixSeconds(ts.Float64)
+		}
+		t.Messages = append(t.Messages, m)
+	}
+	if err := rows.Err(); err != nil {
+		return s.transcriptErr(id, err)
+	}
+	return t, nil
+}
+
+func (s *StateDB) transcriptErr(id string, err error) (Transcript, error) {
+	if isBusy(err) {
+		return Transcript{Status: StatusBusy}, nil
+	}
+	return Transcript{}, fmt.Errorf("transcript %s of org %s: %w", id, s.home.ID, err)
+}
