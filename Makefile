@@ -4,6 +4,7 @@ GO ?= go
 export CGO_ENABLED ?= 0
 
 BIN := bin/hermes-host
+AGENT := bin/scripted-agent
 GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
 
 .PHONY: run test build generate lint test-go bench images clean
@@ -12,16 +13,19 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 run: build
 	scripts/with-services.sh $(BIN) dev
 
-## build: write bin/hermes-host.
-build: $(BIN)
+## build: write bin/hermes-host and, beside it, the scripted agent that stands in for Hermes.
+build: $(BIN) $(AGENT)
 
 $(BIN): $(GO_SOURCES)
 	$(GO) build -trimpath -o $@ ./cmd/hermes-host
 
+$(AGENT): $(GO_SOURCES)
+	$(GO) build -trimpath -o $@ ./cmd/scripted-agent
+
 ## images: build the worker and dashboard images FROM scratch on the local Docker engine.
 images: build
-	@if scripts/docker.sh status; then $(BIN) images build $(BIN); \
-	else scripts/docker.sh start && { $(BIN) images build $(BIN); rc=$$?; scripts/docker.sh stop; exit $$rc; }; fi
+	@if scripts/docker.sh status; then $(BIN) images build $(BIN) $(AGENT); \
+	else scripts/docker.sh start && { $(BIN) images build $(BIN) $(AGENT); rc=$$?; scripts/docker.sh stop; exit $$rc; }; fi
 
 ## generate: regenerate generated code.
 generate:
