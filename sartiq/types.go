@@ -230,10 +230,10 @@ type Upload struct {
 
 // Manifest is the document a job names: what the worker is to work on.
 type Manifest struct {
-	JobID          string           `json:"job_id"`
-	Type           string           `json:"type"`
-	OrganizationID string           `json:"organization_id"`
-	Instructions   string           `json:"instructions"`
+	JobID          string `json:"job_id"`
+	Type           string `json:"type"`
+	OrganizationID string `json:"organization_id"`
+	Instructions   string `json:"instructions"`
 	// Categories, for guidelines_extraction: every category the job must propose; a job is
 	// complete when each has a proposal.
 	Categories []string         `json:"categories,omitempty"`

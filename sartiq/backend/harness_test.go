@@ -166,11 +166,11 @@ func (d *documentCheck) RoundTrip(req *http.Request) (*http.Response, error) {
 	in := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
 			Request: req, PathParams: params, Route: route,
-			Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
 		},
-		Status: resp.StatusCode,
-		Header: resp.Header,
-		Body:   io.NopCloser(bytes.NewReader(body)),
+		Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
+		Status:  resp.StatusCode,
+		Header:  resp.Header,
+		Body:    io.NopCloser(bytes.NewReader(body)),
 	}
 	if err := openapi3filter.ValidateResponse(req.Context(), in); err != nil {
 		d.t.Errorf("%s %s answered %d, which the document does not describe: %v\nbody: %s",

@@ -126,7 +126,9 @@ func SeedDemo(ctx context.Context, db *pgxpool.Pool, now time.Time) error {
 	return nil
 }
 
-func demoName(org string) string { return map[string]string{"acme": "Acme Outdoor", "globex": "Globex Gear"}[org] }
+func demoName(org string) string {
+	return map[string]string{"acme": "Acme Outdoor", "globex": "Globex Gear"}[org]
+}
 
 var demoProducts = []struct{ name, description, attributes string }{
 	{"Summit Backpack", "A 30 l pack for day hikes.", `{"color": "night blue", "price": "119.00"}`},
