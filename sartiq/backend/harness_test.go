@@ -45,7 +45,7 @@ func (c *clock) Advance(d time.Duration) {
 
 // backendUnderTest is a real backend on 127.0.0.1:0 over a fresh schema.
 type backendUnderTest struct {
-	t     *testing.T
+	t     testing.TB
 	url   string
 	db    *pgxpool.Pool
 	clock *clock
@@ -77,7 +77,7 @@ const (
 	testTokenTTL   = 10 * time.Minute
 )
 
-func startBackend(t *testing.T) *backendUnderTest {
+func startBackend(t testing.TB) *backendUnderTest {
 	t.Helper()
 	_, db := pgtest.Schema(t, Migrations)
 	clk := &clock{t: time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)}
@@ -125,7 +125,7 @@ func (b *backendUnderTest) expect(token string) *httpexpect.Expect {
 
 func (b *backendUnderTest) bot() *httpexpect.Expect { return b.expect(testBotToken) }
 
-func documentRouter(t *testing.T) routers.Router {
+func documentRouter(t testing.TB) routers.Router {
 	t.Helper()
 	doc, err := Document()
 	if err != nil {
@@ -143,7 +143,7 @@ func documentRouter(t *testing.T) routers.Router {
 // its status is documented for the operation and its body matches the schema. This is what
 // keeps the document true to the code beyond its list of routes.
 type documentCheck struct {
-	t      *testing.T
+	t      testing.TB
 	router routers.Router
 	next   http.RoundTripper
 }
