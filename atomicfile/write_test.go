@@ -408,3 +408,21 @@ func (c *stepClock) Now() time.Time {
 	c.next = c.next.Add(c.step)
 	return now
 }
+
+// A temp file that cannot be removed after a failure is news for the
+// operator, but must not hide the cause.
+func TestWriteReportsALeftoverTempFile(t *testing.T) {
+	_, path := startingWith(t, "auth.json", oldContent)
+	fsys := &faultFS{fault: failWrite, offset: 5, err: syscall.ENOSPC, removeErr: func(name string) error {
+		if strings.Contains(filepath.Base(name), ".tmp-") {
+			return syscall.EIO
+		}
+		return nil
+	}}
+	err := Write(path, newContent, 0o600, withFileSystem(fsys))
+	assertWriteError(t, err, path, opWriteTemp, syscall.ENOSPC, "disk full")
+	if !strings.Contains(err.Error(), "remove temp file") || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("%q does not report the temp file left behind", err)
+	}
+	assertContent(t, path, oldContent)
+}
