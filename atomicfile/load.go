@@ -65,9 +65,12 @@ type loadConfig struct {
 // It is strict because a damaged credentials file must never look like "no
 // credentials": a file that is empty, only whitespace or JSON null, larger
 // than the size limit, not UTF-8, truncated, not JSON, of the wrong shape,
-// followed by anything but whitespace, or that fails Validate is an error, a *LoadError that says what
-// is wrong and where. v is set only when LoadJSON returns nil; it is replaced,
-// not merged into. The file is opened read-only and never changed.
+// followed by anything but whitespace, or that fails Validate is an error, a
+// *LoadError that says what is wrong and where. An object that parses but
+// lacks what the caller needs, such as {}, is caught only by Validate, so
+// credential types should have one. v is set only when LoadJSON returns nil;
+// it is replaced, not merged into. The file is opened read-only and never
+// changed.
 func LoadJSON(path string, v any, opts ...LoadOption) error {
 	c := loadConfig{maxSize: DefaultMaxSize}
 	for _, opt := range opts {
