@@ -3,6 +3,7 @@ package atomicfile
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,7 +71,7 @@ func TestWriteOnFullDisk(t *testing.T) {
 
 	stopWatching := watchFile(t, path, func(data []byte) error {
 		if !bytes.Equal(data, old) {
-			return errors.New("content other than the old file: " + strings.TrimSpace(string(data[:min(len(data), 40)])) + "…")
+			return fmt.Errorf("%d bytes that are not the old file: %.40q", len(data), data)
 		}
 		return nil
 	})
@@ -115,7 +116,7 @@ func TestReceiptsOnFullDisk(t *testing.T) {
 
 	stopWatching := watchFile(t, path, func(data []byte) error {
 		if !bytes.Equal(data, numbered(2)) {
-			return errors.New("content other than version 2: " + string(data))
+			return fmt.Errorf("%d bytes that are not version 2: %.40q", len(data), data)
 		}
 		return nil
 	})

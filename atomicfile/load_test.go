@@ -235,9 +235,17 @@ func TestLoadJSONWrongTypes(t *testing.T) {
 			if lerr.Field != tc.field {
 				t.Fatalf("Field %q, want %q", lerr.Field, tc.field)
 			}
+			// encoding/json places a type error at the end of the value.
+			wantOffset := int64(bytes.Index(data, []byte(tc.to)) + len(tc.to))
+			if tc.field == "" {
+				wantOffset = -1
+			}
+			if lerr.Offset != wantOffset {
+				t.Fatalf("Offset %d, want %d", lerr.Offset, wantOffset)
+			}
 		})
 	}
-	loadFailing(t, []byte(`["at-7f3a"]`), ErrWrongType, []string{"JSON array at the top level"})
+	loadFailing(t, []byte(`  ["at-7f3a"]`), ErrWrongType, []string{"JSON array at the top level", "byte offset 3"})
 }
 
 func TestLoadJSONUnknownFields(t *testing.T) {
@@ -261,6 +269,7 @@ func TestLoadJSONTrailingData(t *testing.T) {
 		"a second object":     "\n{}",
 		"a comma":             " ,",
 		"a duplicated ending": "\n}\n",
+		"a second number":     "0",
 	} {
 		t.Run(name, func(t *testing.T) {
 			data := append(append([]byte{}, body...), tail...)

@@ -272,3 +272,32 @@ func mustReceipts(t *testing.T, path string) []Receipt {
 	}
 	return receipts
 }
+
+// Pruning runs after the rename, so its failure must say the new content is
+// in place, and the receipt it could not remove stays a real old version.
+func TestPruneFailureSaysTheNewContentIsInPlace(t *testing.T) {
+	_, path := startingWith(t, "auth.json", numbered(1))
+	for i := 2; i <= 3; i++ {
+		if err := Write(path, numbered(i), 0o600, WithReceipts(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	receipts := mustReceipts(t, path)
+	oldest := receipts[len(receipts)-1].Path
+	fsys := &faultFS{removeErr: func(name string) error {
+		if name == oldest {
+			return syscall.EACCES
+		}
+		return nil
+	}}
+	err := Write(path, numbered(4), 0o600, WithReceipts(2), withFileSystem(fsys))
+	werr := assertWriteError(t, err, path, opPruneReceipts, syscall.EACCES, "permission denied")
+	if !werr.Replaced() || !strings.HasSuffix(err.Error(), "the new content is in place") {
+		t.Fatalf("%q does not say the new content is in place", err)
+	}
+	assertContent(t, path, numbered(4))
+	want := []string{string(numbered(3)), string(numbered(2)), string(numbered(1))}
+	if got := receiptContents(t, path); !slices.Equal(got, want) {
+		t.Fatalf("receipts %q, want %q", got, want)
+	}
+}
