@@ -7,7 +7,7 @@ BIN := bin/hermes-host
 AGENT := bin/scripted-agent
 GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
 
-.PHONY: run test build generate lint test-go bench images clean
+.PHONY: run test build generate lint test-go fuzz bench images clean
 
 ## run: start Postgres if none is given, migrate, and run the whole product (hermes-host dev).
 run: build
@@ -39,11 +39,21 @@ lint:
 
 ## test: every test (real Postgres), with the race detector, after lint.
 test: lint build
-	scripts/with-services.sh $(MAKE) --no-print-directory test-go
+	scripts/with-services.sh $(MAKE) --no-print-directory test-go fuzz
 
 test-go:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
 
+
+# Fuzz targets, each for a bounded time (FUZZTIME). -fuzzminimizetime keeps the fuzzers that do
+# file I/O from spending their budget shrinking inputs.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := FuzzLoadJSON:./atomicfile/ FuzzOpenPath:./orghome/
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s "$${t#*:}" || exit 1; \
+	done
 
 ## bench: the benchmarks whose figures the README reports (real Postgres).
 BENCHTIME ?= 2s
