@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 )
 
 func jobPath(id, action string) string { return "/agent-jobs/" + url.PathEscape(id) + "/" + action }
@@ -176,7 +177,7 @@ func (c *Client) Manifest(ctx context.Context, manifestURL string) (*Manifest, e
 	}
 	r := request{op: "getAgentJobManifest", method: http.MethodGet, repeat: idempotent}
 	if c.socket || u.Host == "" || (u.Scheme == c.base.Scheme && u.Host == c.base.Host) {
-		r.path, r.query = u.EscapedPath(), u.Query()
+		r.path, r.query = strings.TrimPrefix(u.EscapedPath(), c.base.EscapedPath()), u.Query()
 	} else {
 		r.target = manifestURL
 	}

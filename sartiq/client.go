@@ -212,7 +212,11 @@ func (c *Client) try(ctx context.Context, r request) (body []byte, retry bool, e
 	target := r.target
 	if target == "" {
 		u := *c.base
-		u.Path = c.base.Path + r.path
+		plain, err := url.PathUnescape(r.path)
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: bad path %q", r.op, r.path)
+		}
+		u.Path = c.base.Path + plain
 		u.RawPath = c.base.EscapedPath() + r.path
 		u.RawQuery = r.query.Encode()
 		target = u.String()
