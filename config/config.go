@@ -38,6 +38,12 @@ var (
 		Usage: "the bot credential (dispatcher only)"})
 	SartiqToken = define(Var{Name: "SARTIQ_TOKEN", Secret: true,
 		Usage: "a job token, where a process is handed one directly"})
+	SartiqProxySocket = define(Var{Name: "SARTIQ_PROXY_SOCKET",
+		Usage: "a unix socket to the worker's local Sartiq proxy, which adds the job token itself (the sartiq CLI then sends none)"})
+	BackendDatabaseURL = define(Var{Name: "BACKEND_DATABASE_URL", Secret: true,
+		Usage: "the reference backend's Postgres; default DATABASE_URL's database, in schema sartiq_backend"})
+	BackendTokenTTL = define(Var{Name: "BACKEND_TOKEN_TTL", Default: "10m",
+		Usage: "the reference backend's job-token lifetime from a claim or the last accepted heartbeat"})
 	GatewayURL = define(Var{Name: "GATEWAY_URL",
 		Usage: "where a process reaches the model gateway"})
 	GatewayKey = define(Var{Name: "GATEWAY_KEY", Secret: true,
