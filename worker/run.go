@@ -1,0 +1,409 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"hermeshost/atomicfile"
+	"hermeshost/orghome"
+	"hermeshost/sartiq"
+	"hermeshost/scriptedagent"
+	"hermeshost/service"
+)
+
+// Assignment is what the dispatcher writes on the worker's stdin: the claim without its
+// token, which comes in the exec environment instead.
+type Assignment struct {
+	Job            sartiq.Job `json:"job"`
+	OrganizationID string     `json:"organization_id"`
+	ManifestURL    string     `json:"manifest_url"`
+}
+
+// Config is one worker's settings.
+type Config struct {
+	Org        string // the org this container serves
+	Home       string // its HERMES_HOME
+	API        *url.URL
+	Token      service.Secret
+	HermesBin  string
+	MaxTurns   int
+	MaxResumes int
+	Heartbeat  time.Duration
+	GatewayURL string // the gateway's base URL; the agent gets <url>/v1
+	GatewayKey service.Secret
+	Model      string
+	// SartiqBin is the sartiq command the agent shell-calls (hermes-host under that name).
+	SartiqBin     string
+	ReportEnabled bool
+	Retention     orghome.Retention
+	Log           *slog.Logger
+	// Progress receives one JSON object per line: start, progress, checkpoint, outcome.
+	Progress io.Writer
+}
+
+// Outcome is how a job ended for this worker.
+type Outcome struct {
+	Status string          `json:"status"` // completed, failed, released, taken_away, crashed, unreported
+	Reason string          `json:"reason,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// ErrTakenAway: the backend refused a heartbeat with 409; the job is someone else's now.
+var ErrTakenAway = errors.New("job taken away (heartbeat refused)")
+
+type runner struct {
+	cfg         Config
+	api         *sartiq.Client
+	job         sartiq.Job
+	manifestURL string
+	cap         *Capability
+	home        *orghome.Home
+	ws          string
+	check       *Checkpoint
+	emitMu      sync.Mutex
+	accepts     int
+}
+
+// Run runs one job end to end and reports its outcome to the backend (unless
+// REPORT_ENABLED is false) and on Progress.
+func Run(ctx context.Context, cfg Config, api *sartiq.Client, a Assignment) (Outcome, error) {
+	r := &runner{cfg: cfg, api: api, job: a.Job, manifestURL: a.ManifestURL}
+	r.emit("start", map[string]any{"job": a.Job.ID, "type": a.Job.Type, "org": a.OrganizationID, "attempt": a.Job.Attempt})
+	out, err := r.run(ctx, a)
+	r.emit("outcome", out)
+	return out, err
+}
+
+func (r *runner) emit(kind string, data any) {
+	r.emitMu.Lock()
+	defer r.emitMu.Unlock()
+	line, _ := json.Marshal(map[string]any{"event": kind, "at": time.Now().UTC(), "data": data})
+	fmt.Fprintf(r.cfg.Progress, "%s\n", line)
+}
+
+func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
+	r.cfg.Log.Warn("releasing job", "job", r.job.ID, "reason", reason)
+	if _, err := r.api.Release(ctx, r.job.ID, reason); err != nil {
+		return Outcome{Status: "released", Reason: reason}, fmt.Errorf("release job %s: %w", r.job.ID, err)
+	}
+	return Outcome{Status: "released", Reason: reason}, nil
+}
+
+func (r *runner) run(ctx context.Context, a Assignment) (Outcome, error) {
+	// The org comes from the backend's organization_id; a job for another org is never run.
+	if a.OrganizationID != r.cfg.Org || a.Job.OrganizationID != r.cfg.Org {
+		return r.release(ctx, fmt.Sprintf("job for organization %q reached the worker of %q", a.OrganizationID, r.cfg.Org))
+	}
+	c, err := CapabilityFor(a.Job.Type)
+	if err != nil {
+		return r.finish(ctx, Outcome{Status: "failed", Reason: err.Error()})
+	}
+	r.cap = c
+	lock, err := LockHome(r.cfg.Home)
+	if errors.Is(err, ErrHomeBusy) {
+		return r.release(ctx, "another agent is running on this organization's home")
+	}
+	if err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, err
+	}
+	defer lock.Unlock() //nolint:errcheck // the kernel drops it with the process anyway
+
+	if r.home, err = orghome.OpenHome(r.cfg.Org, r.cfg.Home); err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, err
+	}
+	defer r.home.Close()
+	if err := r.prepare(ctx); err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, err
+	}
+	if a.Job.Status == sartiq.StatusClaimed {
+		if _, err := r.api.Start(ctx, r.job.ID); err != nil {
+			return Outcome{Status: "crashed", Reason: err.Error()}, fmt.Errorf("start job %s: %w", r.job.ID, err)
+		}
+	}
+
+	agentCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	beats := r.heartbeat(agentCtx, cancel)
+	out, err := r.runAgent(agentCtx)
+	cancel(nil)
+	<-beats
+	if cause := context.Cause(agentCtx); errors.Is(cause, ErrTakenAway) {
+		return Outcome{Status: "taken_away", Reason: cause.Error()}, nil
+	}
+	if err != nil {
+		return out, err
+	}
+	return r.finish(ctx, out)
+}
+
+// prepare makes the workspace, downloads the manifest, ensures SOUL.md and loads the
+// checkpoint, merged with what the backend's log says was persisted by earlier attempts.
+func (r *runner) prepare(ctx context.Context) error {
+	rel, err := orghome.WorkspacePath(r.job.ID)
+	if err != nil {
+		return err
+	}
+	ws := filepath.Join(r.cfg.Home, rel)
+	if err := os.MkdirAll(ws, 0o700); err != nil {
+		return fmt.Errorf("workspace of job %s: %w", r.job.ID, err)
+	}
+	r.ws = ws
+	manifest, err := r.api.Manifest(ctx, r.manifestURL)
+	if err != nil {
+		return fmt.Errorf("manifest of job %s: %w", r.job.ID, err)
+	}
+	doc, err := jsonIndent(manifest)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(ws, "manifest.json"), doc, 0o600); err != nil {
+		return err
+	}
+	if _, err := r.home.EnsureSoul(orghome.Identity{OrgID: r.cfg.Org, DisplayName: r.cfg.Org}); err != nil {
+		return fmt.Errorf("ensure SOUL.md: %w", err)
+	}
+	if r.check, err = OpenCheckpoint(ws, r.job.ID); err != nil {
+		return err
+	}
+	events, err := r.api.ListEvents(ctx, r.job.ID)
+	if err != nil {
+		return fmt.Errorf("events of job %s: %w", r.job.ID, err)
+	}
+	var earlier []string
+	for _, e := range events {
+		var d struct {
+			Surface  string `json:"surface"`
+			Category string `json:"category"`
+		}
+		if e.Kind == sartiq.EventProposal && json.Unmarshal(e.Data, &d) == nil && d.Surface == "guidelines" && d.Category != "" {
+			earlier = append(earlier, d.Category)
+		}
+	}
+	if err := r.check.Add(earlier...); err != nil {
+		return err
+	}
+	if len(earlier) > 0 {
+		r.emit("checkpoint", map[string]any{"categories": r.check.Categories(), "from": "job log"})
+	}
+	return nil
+}
+
+// heartbeat beats every interval until ctx ends; a 409 cancels ctx with ErrTakenAway,
+// which kills the agent at once.
+func (r *runner) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.cfg.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			progress, _ := json.Marshal(map[string]any{"persisted": r.check.Categories(), "accepted_writes": r.acceptedWrites()})
+			_, err := r.api.Heartbeat(ctx, r.job.ID, progress)
+			if sartiq.IsConflict(err) {
+				r.cfg.Log.Warn("heartbeat refused: the job was taken away; stopping the agent", "job", r.job.ID)
+				cancel(ErrTakenAway)
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Log.Warn("heartbeat failed", "job", r.job.ID, "err", err)
+			}
+		}
+	}()
+	return done
+}
+
+func (r *runner) acceptedWrites() int {
+	r.emitMu.Lock()
+	defer r.emitMu.Unlock()
+	return r.accepts
+}
+
+func (r *runner) onAccepted(a Accepted) {
+	r.emitMu.Lock()
+	r.accepts++
+	r.emitMu.Unlock()
+	if a.Category != "" {
+		if err := r.check.Add(a.Category); err != nil {
+			r.cfg.Log.Error("checkpoint write failed", "job", r.job.ID, "err", err)
+		}
+	}
+	r.emit("progress", map[string]any{"operation": a.Operation, "category": a.Category, "persisted": r.check.Categories()})
+}
+
+// runAgent runs the agent, resuming its session while it stops at the turn limit with work
+// left, and gates the result.
+func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
+	proxy, err := StartTokenProxy(filepath.Join(r.ws, ".sartiq.sock"), r.cfg.API, r.cfg.Token, r.cfg.Log, r.onAccepted)
+	if err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, err
+	}
+	defer proxy.Close()
+	prompt, err := r.cap.Prompt(r.cfg.Org, r.job.ID)
+	if err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, err
+	}
+	var manifest struct {
+		Categories []string `json:"categories"`
+	}
+	if err := atomicfile.LoadJSON(filepath.Join(r.ws, "manifest.json"), &manifest); err != nil {
+		return Outcome{Status: "failed", Reason: err.Error()}, nil
+	}
+	started := time.Now()
+	session := ""
+	for run := 0; ; run++ {
+		args := []string{"chat", "-q", prompt, "--quiet", "--source", "tool", "--max-turns", strconv.Itoa(r.cfg.MaxTurns)}
+		if session != "" {
+			args = append(args, "--resume", session)
+		}
+		output, code, err := r.exec(ctx, args, proxy.Path())
+		if ctx.Err() != nil {
+			return Outcome{Status: "taken_away"}, nil
+		}
+		if err != nil {
+			return Outcome{Status: "crashed", Reason: err.Error()}, err
+		}
+		if code != 0 {
+			// A crashed agent is a crashed attempt: no terminal call, so the job goes stale
+			// and recovery re-claims it, counting the attempt.
+			reason := fmt.Sprintf("the agent exited with status %d", code)
+			return Outcome{Status: "crashed", Reason: reason}, fmt.Errorf("job %s: %s", r.job.ID, reason)
+		}
+		final := FinalAnswer(output)
+		persisted := r.check.Categories()
+		if r.cap.Type == "product_ingest" {
+			persisted = make([]string, r.acceptedWrites())
+		}
+		missing := slices.ContainsFunc(manifest.Categories, func(c string) bool { return !slices.Contains(persisted, c) })
+		if final == nil && missing && r.cap.Resumable && run < r.cfg.MaxResumes {
+			if session == "" {
+				if session, err = r.latestSession(ctx, started); err != nil {
+					return Outcome{Status: "failed", Reason: err.Error()}, nil
+				}
+			}
+			r.emit("resume", map[string]any{"session": session, "persisted": persisted})
+			continue
+		}
+		result, err := r.cap.Gate(final, manifest.Categories, persisted)
+		if err != nil {
+			return Outcome{Status: "failed", Reason: err.Error()}, nil
+		}
+		return Outcome{Status: "completed", Result: result}, nil
+	}
+}
+
+// latestSession is the agent's session of this job: the newest tool session started since.
+func (r *runner) latestSession(ctx context.Context, since time.Time) (string, error) {
+	st, err := r.home.OpenState()
+	if err != nil {
+		return "", fmt.Errorf("find the agent's session to resume: %w", err)
+	}
+	defer st.Close()
+	page, err := st.Sessions(ctx, orghome.SessionQuery{Limit: 20})
+	if err != nil {
+		return "", fmt.Errorf("find the agent's session to resume: %w", err)
+	}
+	sessions := page.Sessions
+	sort.Slice(sessions, func(i, j int) bool { return sessions[i].StartedAt.After(sessions[j].StartedAt) })
+	for _, s := range sessions {
+		if s.Source == "tool" && !s.StartedAt.Before(since.Add(-time.Second)) {
+			return s.ID, nil
+		}
+	}
+	return "", errors.New("the agent stopped at its turn limit but left no session to resume")
+}
+
+// exec runs the agent in its own process group with only what Hermes needs in its
+// environment: no job token, no bot credential, nothing of another org.
+func (r *runner) exec(ctx context.Context, args []string, socket string) ([]byte, int, error) {
+	cmd := exec.Command(r.cfg.HermesBin, args...)
+	cmd.Dir = r.ws
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + r.cfg.Home,
+		scriptedagent.EnvHome + "=" + r.cfg.Home,
+		scriptedagent.EnvBaseURL + "=" + r.cfg.GatewayURL + "/v1",
+		scriptedagent.EnvAPIKey + "=" + r.cfg.GatewayKey.Reveal(),
+		scriptedagent.EnvModel + "=" + r.cfg.Model,
+		scriptedagent.EnvSartiq + "=" + r.cfg.SartiqBin,
+		"SARTIQ_PROXY_SOCKET=" + socket,
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err := <-waited:
+		return stdout.Bytes(), exitCode(err), nil
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-waited
+		return stdout.Bytes(), -1, nil
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// finish reports the outcome unless REPORT_ENABLED is false, then prunes old workspaces.
+func (r *runner) finish(ctx context.Context, out Outcome) (Outcome, error) {
+	defer r.prune()
+	if !r.cfg.ReportEnabled {
+		r.cfg.Log.Warn("REPORT_ENABLED=false: leaving out the terminal call", "job", r.job.ID, "would", out.Status, "reason", out.Reason)
+		out.Status = "unreported"
+		return out, nil
+	}
+	var err error
+	switch out.Status {
+	case "completed":
+		_, err = r.api.Complete(ctx, r.job.ID, out.Result)
+	case "failed":
+		_, err = r.api.Fail(ctx, r.job.ID, out.Reason)
+	}
+	if err != nil {
+		return out, fmt.Errorf("report %s of job %s: %w", out.Status, r.job.ID, err)
+	}
+	r.cfg.Log.Info("job finished", "job", r.job.ID, "status", out.Status, "reason", out.Reason)
+	return out, nil
+}
+
+func (r *runner) prune() {
+	if r.home == nil {
+		return
+	}
+	if _, err := r.home.PruneWorkspaces(r.cfg.Retention, time.Now(), r.job.ID); err != nil {
+		r.cfg.Log.Warn("workspace pruning failed", "err", err)
+	}
+}
