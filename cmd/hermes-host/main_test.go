@@ -295,7 +295,7 @@ func startBackend(t *testing.T, env map[string]string) (string, *exec.Cmd) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck // ends a process already stopped, or a failed one
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })                      //nolint:errcheck // ends a process already stopped, or a failed one
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
 	defer deadline.Stop()
 	lines := bufio.NewScanner(stderr)

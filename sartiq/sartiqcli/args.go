@@ -99,6 +99,8 @@ func (c *CallArgs) parse(fs *flag.FlagSet, args []string) error {
 	switch {
 	case len(positional) == 0:
 		return cli.Usagef("name the operation: sartiq call <operationId> (list them with sartiq ops)")
+	case positional[0] == "":
+		return cli.Usagef("the operationId is empty")
 	case len(positional) > 1:
 		return cli.Usagef("one operation at a time; unexpected %q", strings.Join(positional[1:], " "))
 	}
