@@ -4,7 +4,7 @@ GO ?= go
 export CGO_ENABLED ?= 0
 
 BIN := bin/hermes-host
-GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
+GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql sartiq/backend/migrations/*.sql) sartiq/backend/openapi.yaml
 
 .PHONY: run test build generate lint test-go clean
 

@@ -347,3 +347,26 @@ func TestBackendNeedsTheBotToken(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+func TestMigrateTheBackendSet(t *testing.T) {
+	url, schema := pgtest.EmptySchema(t)
+	r := run(t, map[string]string{"DATABASE_URL": url}, "migrate", "up", "--set", "backend")
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_agent_jobs.sql") {
+		t.Fatalf("%+v", r)
+	}
+	if got := tablesIn(t, pgtest.URL(t), schema); !contains(got, "agent_jobs") || !contains(got, "job_tokens") || contains(got, "leases") {
+		t.Fatalf("tables: %v", got)
+	}
+}
+
+func TestBackendSchemaOfDatabaseURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:p@h:5432/db?sslmode=disable&search_path=hermes_host": "postgres://u:p@h:5432/db?search_path=sartiq_backend&sslmode=disable",
+		"host=h dbname=db": "host=h dbname=db search_path=sartiq_backend",
+		"":                 "",
+	} {
+		if got := backendSchemaOf(in); got != want {
+			t.Errorf("backendSchemaOf(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
