@@ -5,7 +5,7 @@ export CGO_ENABLED ?= 0
 
 BIN := bin/hermes-host
 AGENT := bin/scripted-agent
-GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql)
+GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql sartiq/backend/migrations/*.sql) sartiq/backend/openapi.yaml
 
 .PHONY: run test build generate lint test-go fuzz bench images clean
 
@@ -48,7 +48,7 @@ test-go:
 # Fuzz targets, each for a bounded time (FUZZTIME). -fuzzminimizetime keeps the fuzzers that do
 # file I/O from spending their budget shrinking inputs.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := FuzzLoadJSON:./atomicfile/ FuzzOpenPath:./orghome/
+FUZZ_TARGETS := FuzzLoadJSON:./atomicfile/ FuzzOpenPath:./orghome/ FuzzDecodeRequest:./sartiq/backend/ FuzzParseCallArgs:./sartiq/sartiqcli/
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} for $(FUZZTIME)"; \

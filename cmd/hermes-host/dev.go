@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"flag"
 	"time"
 
@@ -18,21 +19,29 @@ func devCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "dev",
 		Summary: "run the whole product on this machine (the embedded default of `make run`)",
-		Env:     append([]config.Var{config.DatabaseURL}, serverEnv...),
+		Env:     append([]config.Var{config.DatabaseURL}, backendEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
+			backendAddr := fs.String("backend-addr", "127.0.0.1:8090", "listen address of the seeded reference backend (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return cli.Usagef("dev takes no arguments")
 				}
 				var url string
 				var shutdownGrace time.Duration
+				var bs backendSettings
 				log, err := startup("dev", func(e *config.Env) {
 					url = e.Required(config.DatabaseURL)
 					shutdownGrace = grace(e)
+					bs = readBackendSettings(e, false)
 				})
 				if err != nil {
 					return err
+				}
+				if bs.cfg.BotToken == "" {
+					// Nothing outside this process needs it until an operator sets one.
+					bs.cfg.BotToken = service.Secret(rand.Text())
+					log.Info("SARTIQ_BOT_TOKEN is not set: the reference backend uses a bot token made for this run")
 				}
 				if err := migrations.Host.Up(ctx, url, log); err != nil {
 					return err
@@ -49,9 +58,15 @@ func devCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				log.Info("hermes-host dev is up", "status_url", srv.URL(), "schema", schema)
+				backendSrv, closeBackendDB, err := runBackend(ctx, bs, *backendAddr, true, service.NewOps(log))
+				if err != nil {
+					return err
+				}
+				defer closeBackendDB()
+				log.Info("hermes-host dev is up", "status_url", srv.URL(), "backend_url", backendSrv.URL(), "schema", schema)
 				g, gctx := errgroup.WithContext(ctx)
 				g.Go(func() error { return srv.Serve(gctx) })
+				g.Go(func() error { return backendSrv.Serve(gctx) })
 				return g.Wait()
 			}
 		},

@@ -1,12 +1,14 @@
 // Command hermes-host runs the Hermes Agent Host: every process of the product is one of
-// its subcommands.
+// its subcommands. Run under the name `sartiq` (a link or copy), it is the sartiq CLI.
 package main
 
 import (
 	"context"
 	"os"
+	"path/filepath"
 
 	"hermeshost/cli"
+	"hermeshost/sartiq/sartiqcli"
 	"hermeshost/service"
 )
 
@@ -16,9 +18,11 @@ func root() *cli.Command {
 		Summary: "run Hermes agents for many organizations, safely",
 		Subcommands: []*cli.Command{
 			devCommand(),
+			backendCommand(),
 			imagesCommand(),
 			leaseCommand(),
 			migrateCommand(),
+			sartiqcli.Command(os.Stdout),
 			workerCommand(),
 		},
 	}
@@ -26,7 +30,11 @@ func root() *cli.Command {
 
 func main() {
 	ctx, stop := service.SignalContext(context.Background())
-	code := cli.Run(ctx, root(), os.Args[1:], os.Stdout, os.Stderr)
+	cmd := root()
+	if filepath.Base(os.Args[0]) == "sartiq" {
+		cmd = sartiqcli.Command(os.Stdout)
+	}
+	code := cli.Run(ctx, cmd, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

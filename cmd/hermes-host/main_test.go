@@ -210,8 +210,9 @@ func TestConcurrentUpEndsWithOneSchema(t *testing.T) {
 
 func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	url, _ := pgtest.EmptySchema(t)
-	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url}
+	backendURL, _ := pgtest.EmptySchema(t)
+	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +222,7 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
 
-	statusURL := ""
+	statusURL, backendBase := "", ""
 	var logs strings.Builder
 	lines := bufio.NewScanner(stderr)
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
@@ -229,11 +230,12 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	for statusURL == "" && lines.Scan() {
 		logs.WriteString(lines.Text() + "\n")
 		var ev struct {
-			Msg       string `json:"msg"`
-			StatusURL string `json:"status_url"`
+			Msg        string `json:"msg"`
+			StatusURL  string `json:"status_url"`
+			BackendURL string `json:"backend_url"`
 		}
 		if json.Unmarshal(lines.Bytes(), &ev) == nil && ev.Msg == "hermes-host dev is up" {
-			statusURL = ev.StatusURL
+			statusURL, backendBase = ev.StatusURL, ev.BackendURL
 		}
 	}
 	if statusURL == "" {
@@ -247,6 +249,15 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"database"`) {
 		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
+	}
+	// dev seeds the reference backend, which needs a token for its jobs.
+	resp, err = http.Get(backendBase + "/agent-jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("dev's backend answered an anonymous list with %d", resp.StatusCode)
 	}
 	drained := make(chan struct{})
 	go func() { io.Copy(io.Discard, stderr); close(drained) }() //nolint:errcheck
@@ -266,6 +277,98 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// startBackend runs `hermes-host backend --seed-demo` on a fresh schema until the test
+// ends and returns its URL.
+func startBackend(t *testing.T, env map[string]string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(binary, "backend", "--addr", "127.0.0.1:0", "--seed-demo")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })                      //nolint:errcheck // ends a process already stopped, or a failed one
+	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
+	defer deadline.Stop()
+	lines := bufio.NewScanner(stderr)
+	var logs strings.Builder
+	for lines.Scan() {
+		logs.WriteString(lines.Text() + "\n")
+		var ev struct {
+			Msg string `json:"msg"`
+			URL string `json:"url"`
+		}
+		if json.Unmarshal(lines.Bytes(), &ev) == nil && ev.Msg == "reference backend is up" {
+			go io.Copy(io.Discard, stderr) //nolint:errcheck
+			return ev.URL, cmd
+		}
+	}
+	t.Fatalf("backend never came up:\n%s", logs.String())
+	return "", nil
+}
+
+func TestBackendServesSeedsOnceAndStopsOnSIGTERM(t *testing.T) {
+	url, _ := pgtest.EmptySchema(t)
+	env := map[string]string{"BACKEND_DATABASE_URL": url, "SARTIQ_BOT_TOKEN": "bot-secret-do-not-print"}
+	for range 2 { // the second start finds the demo seeded and adds nothing
+		base, cmd := startBackend(t, env)
+		req, _ := http.NewRequest(http.MethodGet, base+"/agent-jobs?type=guidelines_extraction", nil)
+		req.Header.Set("Authorization", "Bearer bot-secret-do-not-print")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page struct{ Jobs []json.RawMessage }
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || len(page.Jobs) != 2 {
+			t.Fatalf("list: %d %v %d jobs", resp.StatusCode, err, len(page.Jobs))
+		}
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("backend did not exit cleanly on SIGTERM: %v", err)
+		}
+	}
+}
+
+func TestBackendNeedsTheBotToken(t *testing.T) {
+	r := run(t, map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}, "backend", "--addr", "127.0.0.1:0")
+	if r.code != 1 || !strings.Contains(r.stderr, "SARTIQ_BOT_TOKEN: is required and not set") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestMigrateTheBackendSet(t *testing.T) {
+	url, schema := pgtest.EmptySchema(t)
+	r := run(t, map[string]string{"DATABASE_URL": url}, "migrate", "up", "--set", "backend")
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_agent_jobs.sql") {
+		t.Fatalf("%+v", r)
+	}
+	if got := tablesIn(t, pgtest.URL(t), schema); !contains(got, "agent_jobs") || !contains(got, "job_tokens") || contains(got, "leases") {
+		t.Fatalf("tables: %v", got)
+	}
+}
+
+func TestBackendSchemaOfDatabaseURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:p@h:5432/db?sslmode=disable&search_path=hermes_host": "postgres://u:p@h:5432/db?search_path=sartiq_backend&sslmode=disable",
+		"host=h dbname=db": "host=h dbname=db search_path=sartiq_backend",
+		"":                 "",
+	} {
+		if got := backendSchemaOf(in); got != want {
+			t.Errorf("backendSchemaOf(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
 
 func TestWorkerIdleStopsOnSIGTERM(t *testing.T) {

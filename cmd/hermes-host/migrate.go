@@ -13,11 +13,13 @@ import (
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/migrations"
+	"hermeshost/sartiq/backend"
 )
 
 // migrationSets are the schemas `migrate` can act on, by name.
 var migrationSets = map[string]migrations.Set{
-	migrations.Host.Name: migrations.Host,
+	migrations.Host.Name:    migrations.Host,
+	backend.Migrations.Name: backend.Migrations,
 }
 
 func setNames() string {

@@ -79,6 +79,6 @@ func TestMissingAndUnknownTokensAre401(t *testing.T) {
 	before := b.snapshot()
 	b.expect("").POST("/agent-jobs/{id}/claim", id).Expect().Status(http.StatusUnauthorized).JSON().Object().Value("error").IsEqual("missing_token")
 	b.expect("not-a-token").POST("/agent-jobs/{id}/claim", id).Expect().Status(http.StatusUnauthorized).JSON().Object().Value("error").IsEqual("invalid_token")
-	b.expect(testBotToken+"x").GET("/agent-jobs").Expect().Status(http.StatusUnauthorized)
+	b.expect(testBotToken + "x").GET("/agent-jobs").Expect().Status(http.StatusUnauthorized)
 	b.unchanged(before)
 }

@@ -111,6 +111,6 @@ func TestPresignedUploads(t *testing.T) {
 	late := presign(4)
 	b.clock.Advance(uploadTTL)
 	anon.PUT(late).WithHeader("Content-Type", "image/png").WithBytes([]byte("1234")).Expect().Status(http.StatusGone)
-	anon.PUT("/uploads/" + strings.Repeat("A", 43)).WithHeader("Content-Type", "image/png").WithBytes([]byte("1")).Expect().Status(http.StatusNotFound)
+	anon.PUT("/uploads/"+strings.Repeat("A", 43)).WithHeader("Content-Type", "image/png").WithBytes([]byte("1")).Expect().Status(http.StatusNotFound)
 	anon.PUT("/uploads/short").WithBytes([]byte("1")).Expect().Status(http.StatusBadRequest)
 }

@@ -18,12 +18,11 @@ const jobColumns = `id::text, type, organization_id, status, attempt, created_at
 	last_heartbeat_at, finished_at, progress, result, error`
 
 // scanJob reads jobColumns and fills in what is computed: the manifest URL and staleness.
-func (h *Handler) scanJob(r *http.Request, row pgx.Row, extra ...any) (sartiq.Job, error) {
+func (h *Handler) scanJob(r *http.Request, row pgx.Row) (sartiq.Job, error) {
 	var j sartiq.Job
 	var progress, result []byte
-	dst := append([]any{&j.ID, &j.Type, &j.OrganizationID, &j.Status, &j.Attempt, &j.CreatedAt, &j.ClaimedAt,
-		&j.LastHeartbeatAt, &j.FinishedAt, &progress, &result, &j.Error}, extra...)
-	if err := row.Scan(dst...); err != nil {
+	if err := row.Scan(&j.ID, &j.Type, &j.OrganizationID, &j.Status, &j.Attempt, &j.CreatedAt, &j.ClaimedAt,
+		&j.LastHeartbeatAt, &j.FinishedAt, &progress, &result, &j.Error); err != nil {
 		return j, err
 	}
 	j.Progress, j.Result = json.RawMessage(progress), json.RawMessage(result)

@@ -37,7 +37,7 @@ type pathParams struct {
 	uploadKey string
 }
 
-// parsePathParam validates one chi URL parameter into p.
+// set validates one chi URL parameter into p.
 func (p *pathParams) set(name, value string) error {
 	check := func(re *regexp.Regexp, what string, dst *string) error {
 		if !re.MatchString(value) {
