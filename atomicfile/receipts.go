@@ -1,0 +1,217 @@
+package atomicfile
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Receipts of <dir>/<name> live in the hidden directory <dir>/.<name>.receipts/,
+// one file per kept version, named <seq>-<time>: a sequence number that grows
+// by one with every replacement (six digits, so ls lists them in order) and the
+// UTC time the version was replaced, for example
+//
+//	/srv/org/.auth.json.receipts/000007-20260102T150405Z
+//
+// The directory is mode 0700; each receipt keeps the replaced file's own mode.
+// Receipt names carry no extension on purpose, so that tools looking for, say,
+// SKILL.md files never pick up an old version. An operator can inspect them
+// with ls and cat, and put one back with Restore or cp.
+//
+// A receipt is a hard link to the current file, made after the new content is
+// safely in its temp file and just before the rename. That costs no disk space,
+// so a nearly full disk still keeps receipts, and the receipt is never a partial
+// copy. If the rename then fails, the receipt is removed again: it holds the
+// version that is still current, and left behind it would pose as a version a
+// write replaced. Old receipts are pruned only after a successful replacement.
+const receiptTimeLayout = "20060102T150405Z"
+
+// Receipt is one kept previous version of a file.
+type Receipt struct {
+	Path     string    // the receipt file itself
+	Seq      int       // 1 for the first version replaced, one more for each after
+	Replaced time.Time // when this version was replaced, to the second, by the writer's clock
+	Size     int64     // in bytes
+}
+
+func receiptDir(path string) string {
+	dir, name := filepath.Split(path)
+	return filepath.Join(dir, "."+name+".receipts")
+}
+
+func receiptName(seq int, replaced time.Time) string {
+	return fmt.Sprintf("%06d-%s", seq, replaced.UTC().Format(receiptTimeLayout))
+}
+
+func parseReceiptName(name string) (seq int, replaced time.Time, ok bool) {
+	seqText, timeText, found := strings.Cut(name, "-")
+	if !found {
+		return 0, time.Time{}, false
+	}
+	seq, err := strconv.Atoi(seqText)
+	if err != nil || seq < 1 {
+		return 0, time.Time{}, false
+	}
+	replaced, err = time.Parse(receiptTimeLayout, timeText)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	return seq, replaced, true
+}
+
+// Receipts lists the kept previous versions of the file at path, newest
+// first. A file that never had a receipt has none, and that is not an error.
+// Files in the receipt directory that do not look like receipts are ignored.
+func Receipts(path string) ([]Receipt, error) {
+	dir := receiptDir(path)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list receipts of %s: %w", path, err)
+	}
+	var receipts []Receipt
+	for _, entry := range entries {
+		seq, replaced, ok := parseReceiptName(entry.Name())
+		if !ok || !entry.Type().IsRegular() {
+			continue
+		}
+		info, err := entry.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // pruned by a concurrent writer since ReadDir
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list receipts of %s: %w", path, err)
+		}
+		receipts = append(receipts, Receipt{
+			Path:     filepath.Join(dir, entry.Name()),
+			Seq:      seq,
+			Replaced: replaced,
+			Size:     info.Size(),
+		})
+	}
+	slices.SortFunc(receipts, func(a, b Receipt) int {
+		return cmp.Or(cmp.Compare(b.Seq, a.Seq), cmp.Compare(b.Path, a.Path))
+	})
+	return receipts, nil
+}
+
+// Restore puts the version kept in r back at path. It goes through Write, so
+// it is atomic, and it keeps a receipt of the version it replaces: with
+// WithReceipts(n) among opts the receipts are bounded by n as usual; without
+// it Restore removes none. The restored file gets the receipt's mode.
+func Restore(path string, r Receipt, opts ...Option) error {
+	if filepath.Dir(r.Path) != receiptDir(path) {
+		return fmt.Errorf("restore %s: %s is not one of its receipts", path, r.Path)
+	}
+	data, perm, err := readReceipt(r.Path)
+	if err != nil {
+		return fmt.Errorf("restore %s: read receipt: %w", path, err)
+	}
+	c := newWriteConfig(opts)
+	if c.receipts <= 0 {
+		c.receipts = math.MaxInt
+	}
+	if err := c.write(path, data, perm); err != nil {
+		return fmt.Errorf("restore %s from receipt %s: %w", path, filepath.Base(r.Path), err)
+	}
+	return nil
+}
+
+func readReceipt(path string) ([]byte, fs.FileMode, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, 0, err
+	}
+	return data, info.Mode().Perm(), nil
+}
+
+// keepReceipt links the current file at path into its receipt directory and
+// returns the receipt's path, or "" when receipts are off or there is no file
+// yet to keep.
+func (c *writeConfig) keepReceipt(path string) (string, error) {
+	if c.receipts <= 0 {
+		return "", nil
+	}
+	info, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if !info.Mode().IsRegular() {
+		return "", fmt.Errorf("cannot keep a receipt of %s: it is not a regular file (%v)", path, info.Mode().Type())
+	}
+	dir := receiptDir(path)
+	switch err := c.fsys.Mkdir(dir, 0o700); {
+	case err == nil:
+		if err := c.fsys.SyncDir(filepath.Dir(dir)); err != nil {
+			return "", err
+		}
+	case !errors.Is(err, fs.ErrExist):
+		return "", err
+	}
+	existing, err := Receipts(path)
+	if err != nil {
+		return "", err
+	}
+	seq := 1
+	if len(existing) > 0 {
+		seq = existing[0].Seq + 1
+	}
+	replaced := c.now()
+	for {
+		receipt := filepath.Join(dir, receiptName(seq, replaced))
+		err := c.fsys.Link(path, receipt)
+		if errors.Is(err, fs.ErrExist) {
+			seq++ // a concurrent writer took this number
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		// The receipt must be durable before the rename that makes it the
+		// only copy of the old version.
+		if err := c.fsys.SyncDir(dir); err != nil {
+			if rerr := c.fsys.Remove(receipt); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("remove receipt: %w", rerr))
+			}
+			return "", err
+		}
+		return receipt, nil
+	}
+}
+
+// pruneReceipts removes the oldest receipts of path beyond the configured count.
+func (c *writeConfig) pruneReceipts(path string) error {
+	receipts, err := Receipts(path)
+	if err != nil {
+		return err
+	}
+	for _, r := range receipts[min(c.receipts, len(receipts)):] {
+		if err := c.fsys.Remove(r.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
