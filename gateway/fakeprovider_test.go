@@ -21,6 +21,8 @@ type fakeProvider struct {
 	onRefresh func()
 	// onStream, when set, serves streamed chat completions instead of the default.
 	onStream func(w http.ResponseWriter, r *http.Request)
+	// onModel, when set, sees each model request that passed the token check.
+	onModel func(r *http.Request)
 	// answerAs, when set, is the identity refreshes are answered for.
 	answerAs string
 
@@ -42,7 +44,7 @@ type recordedRequest struct {
 }
 
 func newFakeProvider(t *testing.T, identity string) *fakeProvider {
-	p := &fakeProvider{identity: identity, access: "at-0", refresh: "rt-0"}
+	p := &fakeProvider{identity: identity, access: "secret-access-0", refresh: "secret-refresh-0"}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /oauth/token", p.token)
 	mux.HandleFunc("POST /oauth/device", p.device)
@@ -121,8 +123,8 @@ func (p *fakeProvider) token(w http.ResponseWriter, r *http.Request) {
 // issueLocked rotates both tokens and answers them.
 func (p *fakeProvider) issueLocked(w http.ResponseWriter) {
 	p.refreshes++
-	p.access = fmt.Sprintf("at-%d", p.refreshes)
-	p.refresh = fmt.Sprintf("rt-%d", p.refreshes)
+	p.access = fmt.Sprintf("secret-access-%d", p.refreshes)
+	p.refresh = fmt.Sprintf("secret-refresh-%d", p.refreshes)
 	who := p.identity
 	if p.answerAs != "" {
 		who = p.answerAs
@@ -153,6 +155,9 @@ func (p *fakeProvider) model(h http.HandlerFunc) http.HandlerFunc {
 		if !ok {
 			writeOpenAIError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "bad token")
 			return
+		}
+		if p.onModel != nil {
+			p.onModel(r)
 		}
 		h(w, r)
 	}

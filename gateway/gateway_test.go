@@ -52,7 +52,6 @@ func (l *lockedBuffer) String() string {
 type harness struct {
 	url  string
 	ops  *service.Ops
-	logs *lockedBuffer
 }
 
 func newOps() (*service.Ops, *lockedBuffer) {
@@ -73,13 +72,23 @@ func startGateway(t *testing.T, upstream string, ops *service.Ops, edit func(*Co
 	if edit != nil {
 		edit(&cfg)
 	}
+	return serveGateway(t, cfg, nil)
+}
+
+// serveGateway serves a gateway built from cfg, its handler wrapped by wrap if given.
+func serveGateway(t *testing.T, cfg Config, wrap func(http.Handler) http.Handler) *harness {
+	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.Handler())
+	h := s.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &harness{url: srv.URL, ops: ops}
+	return &harness{url: srv.URL, ops: cfg.Ops}
 }
 
 func orgKey(t *testing.T, org string) string {
@@ -157,7 +166,7 @@ func TestOrgKeyFormatAndBadOrgs(t *testing.T) {
 func TestKeysAreBearerPerOrgAndUnforgeable(t *testing.T) {
 	p := newFakeProvider(t, "acct")
 	ops, _ := newOps()
-	g := startGateway(t, p.baseURL(), ops, func(c *Config) { c.APIKey = "at-0" })
+	g := startGateway(t, p.baseURL(), ops, func(c *Config) { c.APIKey = "secret-access-0" })
 	keyA, keyB := orgKey(t, "org-a"), orgKey(t, "org-b")
 	_, macA, _ := strings.Cut(strings.TrimPrefix(keyA, keyPrefix), "_")
 	tampered := []byte(keyA)
@@ -173,7 +182,7 @@ func TestKeysAreBearerPerOrgAndUnforgeable(t *testing.T) {
 		"empty bearer":           "Bearer ",
 		"key of another secret":  "Bearer hgw_org-a_" + orgMAC("another-secret", "org-a"),
 		"invalid org":            "Bearer hgw_ORG_" + orgMAC(testSecret, "ORG"),
-		"provider's own token":   "Bearer at-0",
+		"provider's own token":   "Bearer secret-access-0",
 	} {
 		resp, body := call(t, "GET", g.url+"/v1/models", auth, "")
 		if resp.StatusCode != http.StatusUnauthorized {
@@ -257,7 +266,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 	redirecting.Handle("/", p.srv.Config.Handler)
 	p.srv.Config.Handler = redirecting
 
-	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "at-0" })
+	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "secret-access-0" })
 	key := orgKey(t, "org-a")
 	auth := "Authorization: Bearer " + key + "\r\n"
 	gwHost := strings.TrimPrefix(g.url, "http://")
@@ -320,7 +329,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 		if !allowed[r.Path] || r.RawPath != "" || r.Host != upstreamHost {
 			t.Errorf("the provider got %s %s (raw %q) for host %q", r.Method, r.Path, r.RawPath, r.Host)
 		}
-		if got := r.Header.Get("Authorization"); got != "Bearer at-0" {
+		if got := r.Header.Get("Authorization"); got != "Bearer secret-access-0" {
 			t.Errorf("upstream Authorization is %q, want only the gateway's upstream key", got)
 		}
 		for _, h := range []string{"Cookie", "Proxy-Authorization", "X-Hop", "X-Forwarded-Host"} {
@@ -333,7 +342,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 
 func TestRequestBodyIsSizeLimited(t *testing.T) {
 	p := newFakeProvider(t, "acct")
-	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "at-0"; c.MaxRequestBytes = 1024 })
+	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "secret-access-0"; c.MaxRequestBytes = 1024 })
 	big := `{"model":"demo-worker","messages":[{"role":"user","content":"` + strings.Repeat("x", 2048) + `"}]}`
 	resp, body := call(t, "POST", g.url+"/v1/chat/completions", "Bearer "+orgKey(t, "org-a"), big)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
@@ -349,7 +358,7 @@ func TestRequestBodyIsSizeLimited(t *testing.T) {
 
 func TestRateLimitedOrgDoesNotSlowAnother(t *testing.T) {
 	p := newFakeProvider(t, "acct")
-	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "at-0"; c.OrgRPS = 0.001; c.OrgBurst = 1 })
+	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "secret-access-0"; c.OrgRPS = 0.001; c.OrgBurst = 1 })
 	a, b := "Bearer "+orgKey(t, "org-a"), "Bearer "+orgKey(t, "org-b")
 	if resp, body := call(t, "POST", g.url+"/v1/chat/completions", a, smallChat); resp.StatusCode != 200 {
 		t.Fatalf("org A's first request: %d %s", resp.StatusCode, body)
@@ -381,7 +390,7 @@ func TestBusyOrgDoesNotBlockAnother(t *testing.T) {
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 	}
-	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "at-0"; c.OrgConcurrency = 1 })
+	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "secret-access-0"; c.OrgConcurrency = 1 })
 	a, b := "Bearer "+orgKey(t, "org-a"), "Bearer "+orgKey(t, "org-b")
 
 	first := make(chan int, 1)
@@ -430,7 +439,7 @@ func TestStreamingPassesChunksThroughAndCancelsOnDisconnect(t *testing.T) {
 			upstreamDone <- r.Context().Err()
 		}
 	}
-	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "at-0" })
+	g := startGateway(t, p.baseURL(), nil, func(c *Config) { c.APIKey = "secret-access-0" })
 	stream := func(ctx context.Context) (*http.Response, *bufio.Reader) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", g.url+"/v1/chat/completions",
 			strings.NewReader(`{"model":"demo-worker","stream":true,"messages":[{"role":"user","content":"hi"}]}`))

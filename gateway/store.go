@@ -1,23 +1,38 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+
+	"hermeshost/atomicfile"
 )
 
-// errNoAtomicfile stands in until package atomicfile (strict loader, atomic writer with
-// receipts) is merged; auth.json is never read or written any other way.
-var errNoAtomicfile = errors.New("auth.json storage waits for package atomicfile")
+// receiptsKept bounds the previous versions of auth.json kept beside it, so a bad
+// rotation or login can be undone by hand (see atomicfile.Receipts).
+const receiptsKept = 10
 
-// loadCredentials reads auth.json with the strict loader.
+// loadCredentials reads auth.json with the strict loader: empty, truncated, unparseable
+// or invalid is an *atomicfile.LoadError naming the file, never an empty login.
 func loadCredentials(path string) (Credentials, error) {
-	return Credentials{}, fmt.Errorf("load %s: %w", path, errNoAtomicfile)
+	var c Credentials
+	if err := atomicfile.LoadJSON(path, &c); err != nil {
+		return Credentials{}, fmt.Errorf("gateway login: %w", err)
+	}
+	return c, nil
 }
 
 // writeCredentials replaces auth.json atomically, keeping the previous version as a receipt.
-func writeCredentials(path string, _ Credentials) error {
-	return fmt.Errorf("write %s: %w", path, errNoAtomicfile)
+func writeCredentials(path string, c Credentials) error {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return fmt.Errorf("gateway login: encode: %w", err)
+	}
+	if err := atomicfile.Write(path, append(data, '\n'), 0o600, atomicfile.WithReceipts(receiptsKept)); err != nil {
+		return fmt.Errorf("gateway login: %w", err)
+	}
+	return nil
 }
 
 // SaveLogin writes a new login to path for `gateway login`. It refuses to replace a login
