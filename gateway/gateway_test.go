@@ -50,8 +50,8 @@ func (l *lockedBuffer) String() string {
 }
 
 type harness struct {
-	url  string
-	ops  *service.Ops
+	url string
+	ops *service.Ops
 }
 
 func newOps() (*service.Ops, *lockedBuffer) {
