@@ -48,6 +48,32 @@ var (
 		Usage: "where a process reaches the model gateway"})
 	GatewayKey = define(Var{Name: "GATEWAY_KEY", Secret: true,
 		Usage: "the key presented to the gateway (the gateway's own internal key on the gateway)"})
+	GatewaySecret = define(Var{Name: "GATEWAY_SECRET", Secret: true,
+		Usage: "the secret per-org gateway keys are derived from (gateway and dispatcher)"})
+	GatewayUpstream = define(Var{Name: "GATEWAY_UPSTREAM", Default: "demo",
+		Usage: "the OpenAI-compatible base URL the gateway forwards to (e.g. https://api.example.com/v1), or demo"})
+	GatewayAuthFile = define(Var{Name: "GATEWAY_AUTH_FILE", Default: "/var/lib/hermes/gateway/auth.json",
+		Usage: "the gateway's one OAuth login (access and refresh token, identity)"})
+	GatewayUpstreamAPIKey = define(Var{Name: "GATEWAY_UPSTREAM_API_KEY", Secret: true,
+		Usage: "a static upstream API key; when set the gateway uses it instead of the OAuth login"})
+	GatewayOAuthTokenURL = define(Var{Name: "GATEWAY_OAUTH_TOKEN_URL",
+		Usage: "the provider's OAuth token endpoint (refresh-token and device-code grants)"})
+	GatewayOAuthDeviceURL = define(Var{Name: "GATEWAY_OAUTH_DEVICE_URL",
+		Usage: "the provider's device-authorization endpoint (RFC 8628), for gateway login"})
+	GatewayOAuthClientID = define(Var{Name: "GATEWAY_OAUTH_CLIENT_ID",
+		Usage: "the OAuth client id the gateway logs in and refreshes as"})
+	GatewayOAuthScope = define(Var{Name: "GATEWAY_OAUTH_SCOPE", Default: "openid offline_access",
+		Usage: "the scopes gateway login asks for (openid gives the identity, offline_access the refresh token)"})
+	GatewayOrgRPS = define(Var{Name: "GATEWAY_ORG_RPS", Default: "5",
+		Usage: "requests per second each org may make through the gateway (bursts up to twice that)"})
+	GatewayOrgConcurrency = define(Var{Name: "GATEWAY_ORG_CONCURRENCY", Default: "4",
+		Usage: "requests each org may have in flight through the gateway at once"})
+	GatewayMaxRequestBytes = define(Var{Name: "GATEWAY_MAX_REQUEST_BYTES", Default: "20971520",
+		Usage: "the largest request body the gateway accepts (images make vision requests large)"})
+	WorkerModel = define(Var{Name: "WORKER_MODEL", Default: "demo-worker",
+		Usage: "the model agents run jobs with; the dispatcher claims only while the gateway serves it"})
+	VisionModel = define(Var{Name: "VISION_MODEL", Default: "demo-vision",
+		Usage: "the model for images; the dispatcher claims only while the gateway serves it"})
 	ClaimEnabled = define(Var{Name: "CLAIM_ENABLED", Default: "false",
 		Usage: "claim queued jobs (false only logs what would be claimed)"})
 	ReportEnabled = define(Var{Name: "REPORT_ENABLED", Default: "true",
