@@ -90,6 +90,14 @@ var (
 		Usage: "the image of every org's worker container"})
 	DashboardImage = define(Var{Name: "HERMES_DASHBOARD_IMAGE", Default: "hermes-host-dashboard:dev",
 		Usage: "the image of every org's dashboard container"})
+	HermesOrg = define(Var{Name: "HERMES_ORG",
+		Usage: "the organization a worker container serves (set by the dispatcher)"})
+	HermesHome = define(Var{Name: "HERMES_HOME",
+		Usage: "the organization's Hermes home, as the worker sees it"})
+	MaxTurns = define(Var{Name: "MAX_TURNS", Default: "30",
+		Usage: "the agent's turn limit per run (--max-turns)"})
+	MaxResumes = define(Var{Name: "MAX_RESUMES", Default: "3",
+		Usage: "how often a worker resumes an agent session that stopped at its turn limit with work left"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
 		Usage: "the agent command"})
 	HermesBundledSkills = define(Var{Name: "HERMES_BUNDLED_SKILLS", Default: "/opt/hermes/skills",

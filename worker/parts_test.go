@@ -14,11 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"go.uber.org/goleak"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func unixClient(socket string) *http.Client {
 	return &http.Client{Transport: &http.Transport{

@@ -177,6 +177,11 @@ func (r *runner) prepare(ctx context.Context) error {
 	if _, err := r.home.EnsureSoul(orghome.Identity{OrgID: r.cfg.Org, DisplayName: r.cfg.Org}); err != nil {
 		return fmt.Errorf("ensure SOUL.md: %w", err)
 	}
+	if r.cfg.SartiqBin == "" {
+		if r.cfg.SartiqBin, err = linkSartiq(ws); err != nil {
+			return err
+		}
+	}
 	if r.check, err = OpenCheckpoint(ws, r.job.ID); err != nil {
 		return err
 	}
@@ -253,7 +258,14 @@ func (r *runner) onAccepted(a Accepted) {
 // runAgent runs the agent, resuming its session while it stops at the turn limit with work
 // left, and gates the result.
 func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
-	proxy, err := StartTokenProxy(filepath.Join(r.ws, ".sartiq.sock"), r.cfg.API, r.cfg.Token, r.cfg.Log, r.onAccepted)
+	// A unix socket path is limited to 108 bytes, which a workspace path can pass: the socket
+	// goes in a private folder of its own (0700, random name) instead.
+	sockDir, err := os.MkdirTemp("", "hermes-sartiq-")
+	if err != nil {
+		return Outcome{Status: "crashed", Reason: err.Error()}, fmt.Errorf("token proxy folder: %w", err)
+	}
+	defer os.RemoveAll(sockDir)
+	proxy, err := StartTokenProxy(filepath.Join(sockDir, "sartiq.sock"), r.cfg.API, r.cfg.Token, r.cfg.Log, r.onAccepted)
 	if err != nil {
 		return Outcome{Status: "crashed", Reason: err.Error()}, err
 	}
@@ -364,6 +376,27 @@ func (r *runner) exec(ctx context.Context, args []string, socket string) ([]byte
 		<-waited
 		return stdout.Bytes(), -1, nil
 	}
+}
+
+// linkSartiq makes <workspace>/.bin/sartiq name this executable, which runs the sartiq CLI
+// under that name, for images and installs that do not ship the name themselves.
+func linkSartiq(ws string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the sartiq command: %w", err)
+	}
+	dir := filepath.Join(ws, ".bin")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("link the sartiq command: %w", err)
+	}
+	link := filepath.Join(dir, "sartiq")
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("link the sartiq command: %w", err)
+	}
+	if err := os.Symlink(self, link); err != nil {
+		return "", fmt.Errorf("link the sartiq command: %w", err)
+	}
+	return link, nil
 }
 
 func exitCode(err error) int {

@@ -43,30 +43,3 @@ func imagesCommand() *cli.Command {
 		}},
 	}
 }
-
-func workerCommand() *cli.Command {
-	return &cli.Command{
-		Name:    "worker",
-		Summary: "what runs inside an org's worker container",
-		Subcommands: []*cli.Command{{
-			Name:    "idle",
-			Summary: "the container's main process: wait for jobs to be executed beside it, until SIGTERM",
-			Env:     []config.Var{config.LogLevel},
-			Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
-				return func(ctx context.Context, args []string) error {
-					if len(args) > 0 {
-						return cli.Usagef("worker idle takes no arguments")
-					}
-					log, err := startup("worker", func(*config.Env) {})
-					if err != nil {
-						return err
-					}
-					log.Info("worker idle: jobs are executed beside this process")
-					<-ctx.Done()
-					log.Info("worker idle: stopping")
-					return nil
-				}
-			},
-		}},
-	}
-}

@@ -149,7 +149,11 @@ func DropSchema(t testing.TB, baseURL, schema string) {
 
 // Main runs a package's tests, closes the shared pool, and then fails the run if any
 // goroutine outlived the tests. Call it from TestMain.
-func Main(m *testing.M, opts ...goleak.Option) {
+func Main(m *testing.M, opts ...goleak.Option) { os.Exit(Run(m, opts...)) }
+
+// Run is Main without the exit, for a TestMain with clean-up of its own; it returns the
+// exit code.
+func Run(m *testing.M, opts ...goleak.Option) int {
 	code := m.Run()
 	if shared.pool != nil {
 		shared.pool.Close()
@@ -160,5 +164,5 @@ func Main(m *testing.M, opts ...goleak.Option) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"hermeshost/cli"
+	"hermeshost/config"
+	"hermeshost/orghome"
+	"hermeshost/sartiq"
+	"hermeshost/service"
+	"hermeshost/worker"
+)
+
+func workerCommand() *cli.Command {
+	return &cli.Command{
+		Name:    "worker",
+		Summary: "what runs inside an org's worker container",
+		Subcommands: []*cli.Command{
+			{
+				Name:    "idle",
+				Summary: "the container's main process: wait for jobs to be executed beside it, until SIGTERM",
+				Env:     []config.Var{config.LogLevel},
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					return func(ctx context.Context, args []string) error {
+						if len(args) > 0 {
+							return cli.Usagef("worker idle takes no arguments")
+						}
+						log, err := startup("worker", func(*config.Env) {})
+						if err != nil {
+							return err
+						}
+						log.Info("worker idle: jobs are executed beside this process")
+						<-ctx.Done()
+						log.Info("worker idle: stopping")
+						return nil
+					}
+				},
+			},
+			runJobCommand(),
+		},
+	}
+}
+
+// errNotFinished makes run-job exit non-zero when the job was not brought to an end here.
+var errNotFinished = errors.New("the job did not finish in this run")
+
+func runJobCommand() *cli.Command {
+	return &cli.Command{
+		Name: "run-job",
+		Summary: "run one job end to end: the assignment on stdin, the job token in SARTIQ_TOKEN; " +
+			"progress as JSON lines on stdout",
+		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
+			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
+			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.WorkspaceRetention,
+			config.WorkspaceKeep, config.LogLevel},
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return cli.Usagef("run-job takes no arguments: the assignment comes on stdin")
+				}
+				// The agent runs as this user: make our /proc/<pid>/environ, which holds the
+				// job token, unreadable to it.
+				if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+					return fmt.Errorf("make the worker undumpable: %w", err)
+				}
+				var cfg worker.Config
+				var apiURL, token string
+				log, err := startup("worker", func(e *config.Env) {
+					token = e.Required(config.SartiqToken)
+					apiURL = e.Required(config.SartiqAPIURL)
+					cfg.Org = e.Required(config.HermesOrg)
+					cfg.Home = e.Required(config.HermesHome)
+					cfg.GatewayURL = e.URL(config.GatewayURL)
+					cfg.GatewayKey = service.Secret(e.String(config.GatewayKey))
+					cfg.Model = e.String(config.WorkerModel)
+					cfg.HermesBin = e.String(config.HermesBin)
+					cfg.MaxTurns = e.Int(config.MaxTurns)
+					cfg.MaxResumes = e.Int(config.MaxResumes)
+					cfg.Heartbeat = e.Duration(config.HeartbeatInterval)
+					cfg.ReportEnabled = e.Bool(config.ReportEnabled)
+					cfg.Retention = orghome.Retention{MaxAge: e.Duration(config.WorkspaceRetention), MaxCount: e.Int(config.WorkspaceKeep)}
+				})
+				if err != nil {
+					return err
+				}
+				// The variable is required but goes only to the proxy, never further.
+				if err := os.Unsetenv(config.SartiqToken.Name); err != nil {
+					return err
+				}
+				if cfg.API, err = url.Parse(apiURL); err != nil || cfg.API.Host == "" {
+					return &config.Error{Var: config.SartiqAPIURL.Name, Msg: "is not an absolute URL"}
+				}
+				if cfg.GatewayURL == "" {
+					return &config.Error{Var: config.GatewayURL.Name, Msg: "is required and not set"}
+				}
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.SartiqBin = filepath.Join(filepath.Dir(self), "sartiq")
+				if _, err := os.Stat(cfg.SartiqBin); err != nil {
+					// Not installed under that name: the workspace gets its own link.
+					cfg.SartiqBin = ""
+				}
+				cfg.Token = service.Secret(token)
+				cfg.Log = log
+				cfg.Progress = os.Stdout
+
+				var a worker.Assignment
+				dec := json.NewDecoder(io.LimitReader(os.Stdin, 1<<20))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&a); err != nil {
+					return fmt.Errorf("read the assignment from stdin: %w", err)
+				}
+				if a.Job.ID == "" || a.ManifestURL == "" {
+					return errors.New("the assignment on stdin names no job or manifest")
+				}
+				api, err := sartiq.New(apiURL, token)
+				if err != nil {
+					return err
+				}
+				out, err := worker.Run(ctx, cfg, api, a)
+				if err != nil {
+					return err
+				}
+				switch out.Status {
+				case "completed", "failed", "released", "unreported":
+					return nil
+				}
+				return fmt.Errorf("%w: %s %s", errNotFinished, out.Status, out.Reason)
+			}
+		},
+	}
+}
