@@ -62,7 +62,7 @@ type world struct {
 	rt       runtime.Runtime
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T, kind string) *world {
 	t.Helper()
 	if binDir == "" {
 		t.Fatal("binaries not built")
@@ -90,15 +90,28 @@ func newWorld(t *testing.T) *world {
 			t.Fatal(err)
 		}
 	}
-	rt, err := runtime.NewProcess(runtime.Config{
-		Instance: "worker-e2e", OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
+	cfg := runtime.Config{
+		Instance: "worker-e2e", Scope: dockerScope, OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
+		Logger: slog.New(slog.DiscardHandler), Network: "host", WorkerImage: dockerImage, DashboardImage: dockerImage,
 	}
-	t.Cleanup(func() { rt.Close() })
+	var rt runtime.Runtime
+	var err2 error
+	switch kind {
+	case "process":
+		rt, err2 = runtime.NewProcess(cfg)
+	case "docker":
+		requireEngine(t)
+		rt, err2 = runtime.NewDocker(context.Background(), cfg)
+	}
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	t.Cleanup(func() {
+		_ = rt.Stop(context.Background(), "acme", runtime.RoleWorker)
+		_ = rt.Stop(context.Background(), "globex", runtime.RoleWorker)
+		rt.Close()
+	})
 	return &world{t: t, backend: b, bot: bot, gateway: gwSrv.URL, orgsRoot: filepath.Join(root, "orgs"), rt: rt}
 }
 
@@ -251,135 +264,147 @@ func (w *world) sessions(ctx context.Context, org string) []orghome.Session {
 func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
 
 func TestGuidelinesJobEndToEnd(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
-	// A workspace of a job long gone, past WORKSPACE_RETENTION (168h by default).
-	stale := filepath.Join(w.home("acme"), "workspaces", "old-job")
-	if err := os.MkdirAll(stale, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	month := time.Now().Add(-30 * 24 * time.Hour)
-	if err := os.Chtimes(stale, month, month); err != nil {
-		t.Fatal(err)
-	}
-	r := w.runJob(ctx, "acme", job, nil)
-	if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
-		t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
-	}
-	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Fatalf("the stale workspace was kept: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(w.home("acme"), "workspaces", job, "checkpoint.json")); err != nil {
-		t.Fatalf("the job's own workspace: %v", err)
-	}
-	if got := w.guidelines(ctx, job); !slices.Equal(got, sorted(backend.DemoCategories)) {
-		t.Fatalf("proposals: %v", got)
-	}
-	if j := w.job(ctx, job); j.Status != sartiq.StatusCompleted {
-		t.Fatalf("job status %s", j.Status)
-	}
-	progress := 0
-	for _, k := range r.kinds() {
-		if k == "progress" {
-			progress++
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+		// A workspace of a job long gone, past WORKSPACE_RETENTION (168h by default).
+		stale := filepath.Join(w.home("acme"), "workspaces", "old-job")
+		if err := os.MkdirAll(stale, 0o700); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if progress != len(backend.DemoCategories) || r.kinds()[0] != "start" {
-		t.Fatalf("progress lines: %v", r.kinds())
-	}
-	sessions := w.sessions(ctx, "acme")
-	if len(sessions) != 1 || sessions[0].Source != "tool" || sessions[0].MessageCount == 0 {
-		t.Fatalf("state.db sessions: %+v", sessions)
-	}
-	soul, err := os.ReadFile(filepath.Join(w.home("acme"), "SOUL.md"))
-	if err != nil || !strings.Contains(string(soul), "acme") {
-		t.Fatalf("SOUL.md not ensured: %v", err)
-	}
+		month := time.Now().Add(-30 * 24 * time.Hour)
+		if err := os.Chtimes(stale, month, month); err != nil {
+			t.Fatal(err)
+		}
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
+			t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
+		}
+		if _, err := os.Stat(stale); !os.IsNotExist(err) {
+			t.Fatalf("the stale workspace was kept: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(w.home("acme"), "workspaces", job, "checkpoint.json")); err != nil {
+			t.Fatalf("the job's own workspace: %v", err)
+		}
+		if got := w.guidelines(ctx, job); !slices.Equal(got, sorted(backend.DemoCategories)) {
+			t.Fatalf("proposals: %v", got)
+		}
+		if j := w.job(ctx, job); j.Status != sartiq.StatusCompleted {
+			t.Fatalf("job status %s", j.Status)
+		}
+		progress := 0
+		for _, k := range r.kinds() {
+			if k == "progress" {
+				progress++
+			}
+		}
+		if progress != len(backend.DemoCategories) || r.kinds()[0] != "start" {
+			t.Fatalf("progress lines: %v", r.kinds())
+		}
+		sessions := w.sessions(ctx, "acme")
+		if len(sessions) != 1 || sessions[0].Source != "tool" || sessions[0].MessageCount == 0 {
+			t.Fatalf("state.db sessions: %+v", sessions)
+		}
+		soul, err := os.ReadFile(filepath.Join(w.home("acme"), "SOUL.md"))
+		if err != nil || !strings.Contains(string(soul), "acme") {
+			t.Fatalf("SOUL.md not ensured: %v", err)
+		}
+	})
 }
 
 func TestProductIngestJobEndToEnd(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
-	r := w.runJob(ctx, "acme", job, nil)
-	if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
-		t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
-	}
-	var n int
-	if err := w.backend.DB.QueryRow(ctx, `SELECT count(*) FROM product_proposals WHERE job_id = $1 AND status = 'pending_review'`, job).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 3 {
-		t.Fatalf("%d product proposals, want the 3 catalogue rows", n)
-	}
-	if j := w.job(ctx, job); j.Status != sartiq.StatusCompleted {
-		t.Fatalf("job status %s", j.Status)
-	}
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
+			t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
+		}
+		var n int
+		if err := w.backend.DB.QueryRow(ctx, `SELECT count(*) FROM product_proposals WHERE job_id = $1 AND status = 'pending_review'`, job).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 3 {
+			t.Fatalf("%d product proposals, want the 3 catalogue rows", n)
+		}
+		if j := w.job(ctx, job); j.Status != sartiq.StatusCompleted {
+			t.Fatalf("job status %s", j.Status)
+		}
+	})
 }
 
 func TestTurnLimitResumesTheSameSession(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	w.knobs("acme", scriptedagent.Knobs{StopAfterWrites: 2})
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
-	r := w.runJob(ctx, "acme", job, nil)
-	if r.outcome.Status != "completed" {
-		t.Fatalf("outcome %+v\n%s", r.outcome, r.stderr)
-	}
-	if !slices.Contains(r.kinds(), "resume") {
-		t.Fatalf("no resume: %v", r.kinds())
-	}
-	if got := w.guidelines(ctx, job); len(got) != 5 {
-		t.Fatalf("proposals after resume: %v", got)
-	}
-	if s := w.sessions(ctx, "acme"); len(s) != 1 {
-		t.Fatalf("want the one session resumed, got %d sessions", len(s))
-	}
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		w.knobs("acme", scriptedagent.Knobs{StopAfterWrites: 2})
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.outcome.Status != "completed" {
+			t.Fatalf("outcome %+v\n%s", r.outcome, r.stderr)
+		}
+		if !slices.Contains(r.kinds(), "resume") {
+			t.Fatalf("no resume: %v", r.kinds())
+		}
+		if got := w.guidelines(ctx, job); len(got) != 5 {
+			t.Fatalf("proposals after resume: %v", got)
+		}
+		if s := w.sessions(ctx, "acme"); len(s) != 1 {
+			t.Fatalf("want the one session resumed, got %d sessions", len(s))
+		}
+	})
 }
 
 func TestFinalAnswerNamingAnUnpersistedCategoryFails(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	w.knobs("acme", scriptedagent.Knobs{ClaimExtra: []string{"sound-design"}})
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
-	r := w.runJob(ctx, "acme", job, nil)
-	if r.outcome.Status != "failed" || !strings.Contains(r.outcome.Reason, "not persisted: sound-design") {
-		t.Fatalf("outcome %+v", r.outcome)
-	}
-	j := w.job(ctx, job)
-	if j.Status != sartiq.StatusFailed || j.Error == nil || !strings.Contains(*j.Error, "sound-design") {
-		t.Fatalf("job %+v", j)
-	}
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		w.knobs("acme", scriptedagent.Knobs{ClaimExtra: []string{"sound-design"}})
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.outcome.Status != "failed" || !strings.Contains(r.outcome.Reason, "not persisted: sound-design") {
+			t.Fatalf("outcome %+v", r.outcome)
+		}
+		j := w.job(ctx, job)
+		if j.Status != sartiq.StatusFailed || j.Error == nil || !strings.Contains(*j.Error, "sound-design") {
+			t.Fatalf("job %+v", j)
+		}
+	})
 }
 
 func TestJobForAnotherOrgIsReleasedNotRun(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	job := w.backend.DemoJob(t, "globex", sartiq.TypeGuidelinesExtraction)
-	r := w.runJob(ctx, "acme", job, nil)
-	if r.outcome.Status != "released" || !strings.Contains(r.outcome.Reason, `"globex"`) {
-		t.Fatalf("outcome %+v\n%s", r.outcome, r.stderr)
-	}
-	if j := w.job(ctx, job); j.Status != sartiq.StatusQueued {
-		t.Fatalf("job status %s", j.Status)
-	}
-	if _, err := os.Stat(filepath.Join(w.home("acme"), "state.db")); !os.IsNotExist(err) {
-		t.Fatalf("an agent ran for another org's job: %v", err)
-	}
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		job := w.backend.DemoJob(t, "globex", sartiq.TypeGuidelinesExtraction)
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.outcome.Status != "released" || !strings.Contains(r.outcome.Reason, `"globex"`) {
+			t.Fatalf("outcome %+v\n%s", r.outcome, r.stderr)
+		}
+		if j := w.job(ctx, job); j.Status != sartiq.StatusQueued {
+			t.Fatalf("job status %s", j.Status)
+		}
+		if _, err := os.Stat(filepath.Join(w.home("acme"), "state.db")); !os.IsNotExist(err) {
+			t.Fatalf("an agent ran for another org's job: %v", err)
+		}
+	})
 }
 
 func TestUnknownTypeFailsLoudly(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
-	r := w.runJob(ctx, "acme", job, func(a *worker.Assignment) { a.Job.Type = "model_selection" })
-	if r.outcome.Status != "failed" || !strings.Contains(r.outcome.Reason, `"model_selection"`) {
-		t.Fatalf("outcome %+v", r.outcome)
-	}
-	if j := w.job(ctx, job); j.Status != sartiq.StatusFailed || !strings.Contains(*j.Error, "model_selection") {
-		t.Fatalf("job %+v", j)
-	}
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
+		r := w.runJob(ctx, "acme", job, func(a *worker.Assignment) { a.Job.Type = "model_selection" })
+		if r.outcome.Status != "failed" || !strings.Contains(r.outcome.Reason, `"model_selection"`) {
+			t.Fatalf("outcome %+v", r.outcome)
+		}
+		if j := w.job(ctx, job); j.Status != sartiq.StatusFailed || !strings.Contains(*j.Error, "model_selection") {
+			t.Fatalf("job %+v", j)
+		}
+	})
 }
 
 // agentPIDs are the running scripted agents (and their children) with their environments.
@@ -403,87 +428,96 @@ func agentProcs(t *testing.T) map[int]string {
 }
 
 func TestReclaimMidRunStopsTheAgentAndTheTokenIsNeverInItsReach(t *testing.T) {
-	w := newWorld(t)
-	ctx := context.Background()
-	w.knobs("acme", scriptedagent.Knobs{StallAtWrite: 3})
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
-	claim, err := w.bot.Claim(ctx, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan result, 1)
-	go func() { done <- w.exec(ctx, "acme", claim, nil) }()
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		w.knobs("acme", scriptedagent.Knobs{StallAtWrite: 3})
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+		claim, err := w.bot.Claim(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan result, 1)
+		go func() { done <- w.exec(ctx, "acme", claim, nil) }()
 
-	// Wait until the agent has persisted two categories and stalls before the third.
-	var seen map[int]string
-	for range 600 {
-		if len(w.guidelines(ctx, job)) == 2 {
-			if seen = agentProcs(t); len(seen) > 0 {
-				break
+		// Wait until the agent has persisted two categories and stalls before the third.
+		var seen map[int]string
+		for range 600 {
+			if len(w.guidelines(ctx, job)) == 2 {
+				if seen = agentProcs(t); len(seen) > 0 {
+					break
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(seen) == 0 {
+			t.Fatal("the agent never reached its stall")
+		}
+		for pid, env := range seen {
+			if strings.Contains(env, claim.JobToken) {
+				t.Fatalf("the job token is in agent %d's argv or environment", pid)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if len(seen) == 0 {
-		t.Fatal("the agent never reached its stall")
-	}
-	for pid, env := range seen {
-		if strings.Contains(env, claim.JobToken) {
-			t.Fatalf("the job token is in agent %d's argv or environment", pid)
+		err = filepath.WalkDir(w.home("acme"), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Type()&os.ModeSocket != 0 || d.Type()&os.ModeSymlink != 0 {
+				return err
+			}
+			b, _ := os.ReadFile(path)
+			if bytes.Contains(b, []byte(claim.JobToken)) {
+				t.Errorf("the job token is in %s", path)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	err = filepath.WalkDir(w.home("acme"), func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Type()&os.ModeSocket != 0 || d.Type()&os.ModeSymlink != 0 {
-			return err
-		}
-		b, _ := os.ReadFile(path)
-		if bytes.Contains(b, []byte(claim.JobToken)) {
-			t.Errorf("the job token is in %s", path)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 
-	// The backend re-claims the job (its worker looks dead to it).
-	w.backend.Clock.Advance(time.Minute)
-	fresh, err := w.bot.Reclaim(ctx, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reclaimed := time.Now()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the worker kept running after the re-claim")
-	}
-	if stopped := time.Since(reclaimed); stopped > 5*time.Second {
-		t.Fatalf("the agent stopped %s after the re-claim", stopped)
-	}
-	if r.outcome.Status != "taken_away" || r.status.Code == 0 {
-		t.Fatalf("outcome %+v exit %v\n%s", r.outcome, r.status, r.stderr)
-	}
-	if left := agentProcs(t); len(left) > 0 {
-		t.Fatalf("agents left running: %v", left)
-	}
-	// The old token can write nothing more.
-	old, _ := sartiq.New(w.backend.URL, claim.JobToken)
-	if _, err := old.ProposeGuidelines(ctx, "acme", "imagery", sartiq.GuidelinesRequest{Content: "late"}); !sartiq.IsConflict(err) {
-		t.Fatalf("a write with the superseded token: %v", err)
-	}
-	// The new attempt skips what is persisted and completes.
-	w.knobs("acme", scriptedagent.Knobs{})
-	r2 := w.exec(ctx, "acme", fresh, nil)
-	if r2.outcome.Status != "completed" {
-		t.Fatalf("second attempt %+v\n%s", r2.outcome, r2.stderr)
-	}
-	var writes int
-	if err := w.backend.DB.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE job_id = $1 AND kind = 'proposal'`, job).Scan(&writes); err != nil {
-		t.Fatal(err)
-	}
-	if writes != 5 {
-		t.Fatalf("%d proposal writes: the second attempt re-proposed persisted categories", writes)
+		// The backend re-claims the job (its worker looks dead to it).
+		w.backend.Clock.Advance(time.Minute)
+		fresh, err := w.bot.Reclaim(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reclaimed := time.Now()
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the worker kept running after the re-claim")
+		}
+		if stopped := time.Since(reclaimed); stopped > 5*time.Second {
+			t.Fatalf("the agent stopped %s after the re-claim", stopped)
+		}
+		if r.outcome.Status != "taken_away" || r.status.Code == 0 {
+			t.Fatalf("outcome %+v exit %v\n%s", r.outcome, r.status, r.stderr)
+		}
+		if left := agentProcs(t); len(left) > 0 {
+			t.Fatalf("agents left running: %v", left)
+		}
+		// The old token can write nothing more.
+		old, _ := sartiq.New(w.backend.URL, claim.JobToken)
+		if _, err := old.ProposeGuidelines(ctx, "acme", "imagery", sartiq.GuidelinesRequest{Content: "late"}); !sartiq.IsConflict(err) {
+			t.Fatalf("a write with the superseded token: %v", err)
+		}
+		// The new attempt skips what is persisted and completes.
+		w.knobs("acme", scriptedagent.Knobs{})
+		r2 := w.exec(ctx, "acme", fresh, nil)
+		if r2.outcome.Status != "completed" {
+			t.Fatalf("second attempt %+v\n%s", r2.outcome, r2.stderr)
+		}
+		var writes int
+		if err := w.backend.DB.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE job_id = $1 AND kind = 'proposal'`, job).Scan(&writes); err != nil {
+			t.Fatal(err)
+		}
+		if writes != 5 {
+			t.Fatalf("%d proposal writes: the second attempt re-proposed persisted categories", writes)
+		}
+	})
+}
+
+// forEachRuntime runs a test through the process runtime and the Docker runtime.
+func forEachRuntime(t *testing.T, test func(t *testing.T, kind string)) {
+	for _, kind := range []string{"process", "docker"} {
+		t.Run(kind, func(t *testing.T) { test(t, kind) })
 	}
 }
