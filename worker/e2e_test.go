@@ -521,3 +521,24 @@ func forEachRuntime(t *testing.T, test func(t *testing.T, kind string)) {
 		t.Run(kind, func(t *testing.T) { test(t, kind) })
 	}
 }
+
+func TestCrashedAgentLeavesTheJobForRecovery(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, kind string) {
+		w := newWorld(t, kind)
+		ctx := context.Background()
+		w.knobs("acme", scriptedagent.Knobs{CrashAtWrite: 2})
+		job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+		r := w.runJob(ctx, "acme", job, nil)
+		if r.outcome.Status != "crashed" || !strings.Contains(r.outcome.Reason, "exited with status 70") || r.status.Code == 0 {
+			t.Fatalf("outcome %+v exit %v\n%s", r.outcome, r.status, r.stderr)
+		}
+		// No terminal call: the job stays RUNNING until it goes stale and is re-claimed,
+		// which is how a crash counts as an attempt.
+		if j := w.job(ctx, job); j.Status != sartiq.StatusRunning {
+			t.Fatalf("job status %s", j.Status)
+		}
+		if got := w.guidelines(ctx, job); len(got) != 1 {
+			t.Fatalf("proposals before the crash: %v", got)
+		}
+	})
+}
