@@ -18,9 +18,11 @@ func devCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "dev",
 		Summary: "run the whole product on this machine (the embedded default of `make run`)",
-		Env:     append([]config.Var{config.DatabaseURL}, serverEnv...),
+		Env:     append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey}, serverEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
+			gw := gatewaySettings{upstream: demoUpstream}
+			fs.StringVar(&gw.addr, "gateway-addr", "127.0.0.1:0", "listen address of the model gateway, which serves the demo upstream")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return cli.Usagef("dev takes no arguments")
@@ -30,6 +32,7 @@ func devCommand() *cli.Command {
 				log, err := startup("dev", func(e *config.Env) {
 					url = e.Required(config.DatabaseURL)
 					shutdownGrace = grace(e)
+					readGateway(e, &gw)
 				})
 				if err != nil {
 					return err
@@ -49,8 +52,22 @@ func devCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				log.Info("hermes-host dev is up", "status_url", srv.URL(), "schema", schema)
+				if gw.secret == "" {
+					gw.secret = randomSecret()
+				}
+				if gw.hostKey == "" {
+					gw.hostKey = randomSecret()
+				}
 				g, gctx := errgroup.WithContext(ctx)
+				gatewayUp := make(chan string, 1)
+				g.Go(func() error { return runGateway(gctx, log, gw, func(url string) { gatewayUp <- url }) })
+				var gatewayURL string
+				select {
+				case gatewayURL = <-gatewayUp:
+				case <-gctx.Done():
+					return g.Wait()
+				}
+				log.Info("hermes-host dev is up", "status_url", srv.URL(), "gateway_url", gatewayURL, "schema", schema)
 				g.Go(func() error { return srv.Serve(gctx) })
 				return g.Wait()
 			}

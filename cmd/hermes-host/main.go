@@ -16,6 +16,7 @@ func root() *cli.Command {
 		Summary: "run Hermes agents for many organizations, safely",
 		Subcommands: []*cli.Command{
 			devCommand(),
+			gatewayCommand(),
 			leaseCommand(),
 			migrateCommand(),
 		},
