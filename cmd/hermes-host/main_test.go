@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"hermeshost/gateway"
 	"hermeshost/pg/pgtest"
 )
 
@@ -211,7 +212,7 @@ func TestConcurrentUpEndsWithOneSchema(t *testing.T) {
 func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	url, _ := pgtest.EmptySchema(t)
 	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "GATEWAY_SECRET=dev-test-secret"}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +222,7 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
 
-	statusURL := ""
+	statusURL, gatewayURL := "", ""
 	var logs strings.Builder
 	lines := bufio.NewScanner(stderr)
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
@@ -229,11 +230,12 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	for statusURL == "" && lines.Scan() {
 		logs.WriteString(lines.Text() + "\n")
 		var ev struct {
-			Msg       string `json:"msg"`
-			StatusURL string `json:"status_url"`
+			Msg        string `json:"msg"`
+			StatusURL  string `json:"status_url"`
+			GatewayURL string `json:"gateway_url"`
 		}
 		if json.Unmarshal(lines.Bytes(), &ev) == nil && ev.Msg == "hermes-host dev is up" {
-			statusURL = ev.StatusURL
+			statusURL, gatewayURL = ev.StatusURL, ev.GatewayURL
 		}
 	}
 	if statusURL == "" {
@@ -247,6 +249,13 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"database"`) {
 		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
+	}
+	key, err := gateway.OrgKey("dev-test-secret", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gateway.Gate(t.Context(), http.DefaultClient, gatewayURL, key, gateway.DemoWorkerModel, gateway.DemoVisionModel); err != nil {
+		t.Fatalf("dev's gateway (%q) does not serve the demo models: %v", gatewayURL, err)
 	}
 	drained := make(chan struct{})
 	go func() { io.Copy(io.Discard, stderr); close(drained) }() //nolint:errcheck
