@@ -3,17 +3,16 @@ package atomicfile
 import (
 	"io/fs"
 	"os"
-	"sync"
 )
 
-// writeFault says what a faultFile does to the write that crosses its offset.
+// writeFault says what a faultFile does to the write that crosses its offset;
+// the zero writeFault leaves writes alone.
 type writeFault int
 
 const (
-	noWriteFault writeFault = iota
 	// failWrite stores the bytes before the offset and returns err, as a disk
 	// that fills up mid-write does.
-	failWrite
+	failWrite writeFault = iota + 1
 	// shortWrite stores the bytes before the offset and returns no error,
 	// once; the caller must write the rest itself.
 	shortWrite
@@ -36,16 +35,13 @@ type faultFS struct {
 	mkdirErr  error
 	// syncDirErr fails SyncDir on the directory of that name.
 	syncDirErr map[string]error
+	// removeErr, when set, decides whether removing name fails.
+	removeErr func(name string) error
 
-	mu    sync.Mutex
 	calls []string // the operations made, in order
 }
 
-func (f *faultFS) record(call string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, call)
-}
+func (f *faultFS) record(call string) { f.calls = append(f.calls, call) }
 
 func (f *faultFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
 	f.record("open")
@@ -78,6 +74,16 @@ func (f *faultFS) Mkdir(name string, perm fs.FileMode) error {
 		return &fs.PathError{Op: "mkdir", Path: name, Err: f.mkdirErr}
 	}
 	return f.osFileSystem.Mkdir(name, perm)
+}
+
+func (f *faultFS) Remove(name string) error {
+	f.record("remove")
+	if f.removeErr != nil {
+		if err := f.removeErr(name); err != nil {
+			return &fs.PathError{Op: "remove", Path: name, Err: err}
+		}
+	}
+	return f.osFileSystem.Remove(name)
 }
 
 func (f *faultFS) SyncDir(name string) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"reflect"
 	"strconv"
@@ -64,9 +65,12 @@ type loadConfig struct {
 // It is strict because a damaged credentials file must never look like "no
 // credentials": a file that is empty, only whitespace or JSON null, larger
 // than the size limit, not UTF-8, truncated, not JSON, of the wrong shape,
-// followed by anything but whitespace, or that fails Validate is an error, a *LoadError that says what
-// is wrong and where. v is set only when LoadJSON returns nil; it is replaced,
-// not merged into. The file is opened read-only and never changed.
+// followed by anything but whitespace, or that fails Validate is an error, a
+// *LoadError that says what is wrong and where. An object that parses but
+// lacks what the caller needs, such as {}, is caught only by Validate, so
+// credential types should have one. v is set only when LoadJSON returns nil;
+// it is replaced, not merged into. The file is opened read-only and never
+// changed.
 func LoadJSON(path string, v any, opts ...LoadOption) error {
 	c := loadConfig{maxSize: DefaultMaxSize}
 	for _, opt := range opts {
@@ -97,7 +101,11 @@ func LoadJSON(path string, v any, opts ...LoadOption) error {
 func (c *loadConfig) read(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, &LoadError{Path: path, Offset: -1, Err: err, detail: "cannot open: " + err.Error()}
+		detail := "cannot open: " + err.Error()
+		if errors.Is(err, fs.ErrNotExist) {
+			detail = "does not exist"
+		}
+		return nil, &LoadError{Path: path, Offset: -1, Err: err, detail: detail}
 	}
 	defer f.Close()
 	info, err := f.Stat()
@@ -150,28 +158,38 @@ func invalidUTF8Offset(data []byte) int64 {
 	return -1
 }
 
+// decode checks that data is exactly one JSON value before decoding it into
+// v, so that a file that is not JSON at all is reported as such rather than as
+// a value of the wrong type.
 func (c *loadConfig) decode(path string, data []byte, v any) error {
+	var value json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
-	if c.disallowUnknownFields {
-		dec.DisallowUnknownFields()
+	if err := dec.Decode(&value); err != nil {
+		return decodeError(path, data, 0, err)
 	}
-	if err := dec.Decode(v); err != nil {
-		return decodeError(path, data, err)
-	}
-	rest := dec.InputOffset()
-	if bytes.Equal(bytes.TrimLeft(data[:rest], " \t\r\n"), []byte("null")) {
-		return &LoadError{Path: path, Kind: ErrEmpty, Offset: -1,
-			detail: "holds only JSON null: refusing to treat it as no credentials"}
-	}
-	if trimmed := bytes.TrimLeft(data[rest:], " \t\r\n"); len(trimmed) > 0 {
+	end := dec.InputOffset()
+	if trimmed := bytes.TrimLeft(data[end:], " \t\r\n"); len(trimmed) > 0 {
 		offset := int64(len(data) - len(trimmed))
 		return &LoadError{Path: path, Kind: ErrTrailingData, Offset: offset,
 			detail: "has data after the JSON value at " + position(data, offset)}
 	}
+	if bytes.Equal(value, []byte("null")) {
+		return &LoadError{Path: path, Kind: ErrEmpty, Offset: -1,
+			detail: "holds only JSON null: refusing to treat it as no credentials"}
+	}
+	dec = json.NewDecoder(bytes.NewReader(value))
+	if c.disallowUnknownFields {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return decodeError(path, data, end-int64(len(value)), err)
+	}
 	return nil
 }
 
-func decodeError(path string, data []byte, err error) error {
+// decodeError classifies an encoding/json error; base is where the decoded
+// bytes start in data.
+func decodeError(path string, data []byte, base int64, err error) error {
 	var syntaxErr *json.SyntaxError
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -181,17 +199,18 @@ func decodeError(path string, data []byte, err error) error {
 			detail: "is truncated: the JSON value ends unexpectedly at " + position(data, offset)}
 	case errors.As(err, &syntaxErr):
 		// Offset counts the bytes read, the offending one included.
-		offset := max(syntaxErr.Offset-1, 0)
+		offset := base + max(syntaxErr.Offset-1, 0)
 		return &LoadError{Path: path, Kind: ErrSyntax, Offset: offset, Err: err,
 			detail: "is not valid JSON at " + position(data, offset) + ": " + syntaxErr.Error()}
 	case errors.As(err, &typeErr):
+		offset := base + typeErr.Offset
 		field := typeErr.Field
 		where := "at the top level"
 		if field != "" {
 			where = "in field " + strconv.Quote(field)
 		}
-		return &LoadError{Path: path, Kind: ErrWrongType, Offset: typeErr.Offset, Field: field, Err: err,
-			detail: fmt.Sprintf("has a JSON %s %s where %v belongs, near %s", typeErr.Value, where, typeErr.Type, position(data, typeErr.Offset))}
+		return &LoadError{Path: path, Kind: ErrWrongType, Offset: offset, Field: field, Err: err,
+			detail: fmt.Sprintf("has a JSON %s %s where %v belongs, near %s", typeErr.Value, where, typeErr.Type, position(data, offset))}
 	}
 	// encoding/json reports unknown fields only as text.
 	if quoted, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {

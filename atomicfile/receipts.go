@@ -15,6 +15,11 @@ import (
 	"time"
 )
 
+// receiptTimeLayout stamps receipt names: UTC, to the second, no colons.
+const receiptTimeLayout = "20060102T150405Z"
+
+// Receipt is one kept previous version of a file.
+//
 // Receipts of <dir>/<name> live in the hidden directory <dir>/.<name>.receipts/,
 // one file per kept version, named <seq>-<time>: a sequence number that grows
 // by one with every replacement (six digits, so ls lists them in order) and the
@@ -25,17 +30,16 @@ import (
 // The directory is mode 0700; each receipt keeps the replaced file's own mode.
 // Receipt names carry no extension on purpose, so that tools looking for, say,
 // SKILL.md files never pick up an old version. An operator can inspect them
-// with ls and cat, and put one back with Restore or cp.
+// with ls and cat; Restore puts one back atomically.
 //
 // A receipt is a hard link to the current file, made after the new content is
 // safely in its temp file and just before the rename. That costs no disk space,
 // so a nearly full disk still keeps receipts, and the receipt is never a partial
-// copy. If the rename then fails, the receipt is removed again: it holds the
+// copy. It stays a faithful copy because Write only ever replaces the file,
+// never rewrites it in place; a file edited in place by another program would
+// change its newest receipt too. If the rename then fails, the receipt is removed again: it holds the
 // version that is still current, and left behind it would pose as a version a
 // write replaced. Old receipts are pruned only after a successful replacement.
-const receiptTimeLayout = "20060102T150405Z"
-
-// Receipt is one kept previous version of a file.
 type Receipt struct {
 	Path     string    // the receipt file itself
 	Seq      int       // 1 for the first version replaced, one more for each after
@@ -145,6 +149,10 @@ func readReceipt(path string) ([]byte, fs.FileMode, error) {
 	return data, info.Mode().Perm(), nil
 }
 
+// maxLinkAttempts bounds keepReceipt's retries, so that a receipt directory
+// removed under it is an error rather than a loop.
+const maxLinkAttempts = 100
+
 // keepReceipt links the current file at path into its receipt directory and
 // returns the receipt's path, or "" when receipts are off or there is no file
 // yet to keep.
@@ -180,12 +188,22 @@ func (c *writeConfig) keepReceipt(path string) (string, error) {
 		seq = existing[0].Seq + 1
 	}
 	replaced := c.now()
-	for {
+	// Concurrent writers on the same path make two races here, each a sign
+	// that another writer progressed, so a few retries settle them.
+	for attempt := 1; ; attempt++ {
 		receipt := filepath.Join(dir, receiptName(seq, replaced))
 		err := c.fsys.Link(path, receipt)
-		if errors.Is(err, fs.ErrExist) {
-			seq++ // a concurrent writer took this number
-			continue
+		if attempt < maxLinkAttempts {
+			if errors.Is(err, fs.ErrExist) {
+				seq++ // another writer took this number
+				continue
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				// Another writer renamed a new version over path between
+				// the lookup and the link, and Linux refuses to link the
+				// now unlinked old one; link the new one instead.
+				continue
+			}
 		}
 		if err != nil {
 			return "", err

@@ -34,7 +34,9 @@ import (
 //
 // path ends up with perm whether or not it existed, and a symlink at path is
 // replaced, not followed. Concurrent calls on one path each leave a complete
-// version; the last rename wins. A crash (not an error) in the middle can
+// version; the last rename wins. With receipts, every receipt is a complete
+// version too, but which versions get one is then a matter of timing, so
+// serialize writers that need each version kept. A crash (not an error) in the middle can
 // leave a ".<name>.tmp-*" file behind, which is safe to delete.
 func Write(path string, data []byte, perm fs.FileMode, opts ...Option) error {
 	return newWriteConfig(opts).write(path, data, perm)

@@ -276,7 +276,8 @@ func checkVersion(data []byte) error {
 
 // watchFile reads path over and over until the returned stop is called, and
 // fails the test if any read sees something check rejects. It returns only
-// after the first read, so the reads overlap whatever the test does next.
+// after the first read, so the reads overlap whatever the test does next;
+// stop also runs at cleanup.
 func watchFile(t *testing.T, path string, check func([]byte) error) (stop func()) {
 	t.Helper()
 	done := make(chan struct{})
@@ -307,14 +308,19 @@ func watchFile(t *testing.T, path string, check func([]byte) error) (stop func()
 		}
 	})
 	<-firstRead
-	return func() {
-		t.Helper()
-		close(done)
-		wg.Wait()
-		if len(bad) > 0 {
-			t.Errorf("a reader of %s saw, in %d reads: %s", path, reads, strings.Join(bad, "; "))
-		}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			if len(bad) > 0 {
+				t.Errorf("a reader of %s saw, in %d reads: %s", path, reads, strings.Join(bad, "; "))
+			}
+		})
 	}
+	// A test that stops early must not leave the reader holding the file.
+	t.Cleanup(stop)
+	return stop
 }
 
 func TestConcurrentWritersLeaveOneCompleteVersion(t *testing.T) {
@@ -401,4 +407,22 @@ func (c *stepClock) Now() time.Time {
 	now := c.next
 	c.next = c.next.Add(c.step)
 	return now
+}
+
+// A temp file that cannot be removed after a failure is news for the
+// operator, but must not hide the cause.
+func TestWriteReportsALeftoverTempFile(t *testing.T) {
+	_, path := startingWith(t, "auth.json", oldContent)
+	fsys := &faultFS{fault: failWrite, offset: 5, err: syscall.ENOSPC, removeErr: func(name string) error {
+		if strings.Contains(filepath.Base(name), ".tmp-") {
+			return syscall.EIO
+		}
+		return nil
+	}}
+	err := Write(path, newContent, 0o600, withFileSystem(fsys))
+	assertWriteError(t, err, path, opWriteTemp, syscall.ENOSPC, "disk full")
+	if !strings.Contains(err.Error(), "remove temp file") || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("%q does not report the temp file left behind", err)
+	}
+	assertContent(t, path, oldContent)
 }
