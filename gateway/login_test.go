@@ -412,14 +412,17 @@ func TestUpstream401RefreshesOnceAndRetriesOnce(t *testing.T) {
 	}
 
 	// A provider that refuses every token: still only one refresh and one retry, then
-	// the client gets the provider's 401.
+	// the client learns that the gateway's upstream credential was refused (not its key).
 	before := len(p.recorded())
 	p.mu.Lock()
 	p.reject401 = 1000
 	p.mu.Unlock()
 	resp, body := call(t, "POST", rig.g.url+"/v1/chat/completions", key, smallChat)
-	if resp.StatusCode != http.StatusUnauthorized {
+	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if _, code := openAIError(t, body); code != "upstream_unauthorized" {
+		t.Fatalf("code %q", code)
 	}
 	var paths []string
 	for _, r := range p.recorded()[before:] {
