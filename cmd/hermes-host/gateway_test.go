@@ -58,7 +58,7 @@ func TestGatewayDemoServesOrgKeysAndStopsOnSIGTERM(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
+	defer cmd.Process.Kill()                                                  //nolint:errcheck // cleanup after a failed assertion
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
 	defer deadline.Stop()
 	url := ""
