@@ -515,3 +515,29 @@ func TestDeviceLoginAndSaveLoginRefusesAnotherIdentity(t *testing.T) {
 		t.Fatalf("a spent refresh token: %v", err)
 	}
 }
+
+func TestRefusedRefreshTokenRaisesTheLoginAlarm(t *testing.T) {
+	p := newFakeProvider(t, "acct-1")
+	clock := newFakeClock()
+	path := filepath.Join(t.TempDir(), "auth.json")
+	original := writeAuth(t, path, p, clock)
+	rig := startLoginGateway(t, path, p, clock, nil)
+	p.mu.Lock()
+	p.refresh = "revoked-by-the-provider"
+	p.mu.Unlock()
+	clock.Advance(2 * time.Minute)
+	resp, body := call(t, "POST", rig.g.url+"/v1/chat/completions", "Bearer "+orgKey(t, "org-a"), smallChat)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	code, rep := health(t, rig.g)
+	if code != 503 || !strings.Contains(rep.Reasons[alarmLogin], "gateway login") {
+		t.Fatalf("healthz %d %+v", code, rep)
+	}
+	if now, _ := os.ReadFile(path); !bytes.Equal(now, original) {
+		t.Fatal("a refused refresh changed auth.json")
+	}
+	if got := testutil.ToFloat64(rig.login.metrics.refreshes.WithLabelValues("failed")); got != 1 {
+		t.Fatalf("failed refreshes = %v", got)
+	}
+}

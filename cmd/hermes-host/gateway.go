@@ -74,6 +74,7 @@ func runGateway(ctx context.Context, log *slog.Logger, s gatewaySettings, ready 
 		}
 		g.Go(func() error { return demo.Serve(gctx) })
 		cfg.UpstreamURL = demo.URL() + "/v1"
+		log.Warn("the gateway forwards to the built-in demo upstream: answers are deterministic stand-ins, not a model's")
 	case s.apiKey != "":
 		cfg.APIKey = s.apiKey
 	default:
