@@ -15,7 +15,8 @@ import (
 	"hermeshost/config"
 )
 
-// Command is one subcommand, or a group of them (Subcommands set, Setup nil).
+// Command is one subcommand, or a group of them (Subcommands set). A group with a Setup
+// of its own runs it when no subcommand is named (`gateway` serves, `gateway login` logs in).
 type Command struct {
 	Name    string
 	Summary string
@@ -40,6 +41,9 @@ func Usagef(format string, a ...any) error { return &UsageError{Msg: fmt.Sprintf
 func Run(ctx context.Context, root *Command, args []string, stdout, stderr io.Writer) int {
 	cmd, path, rest := root, []string{root.Name}, args
 	for len(cmd.Subcommands) > 0 {
+		if cmd.Setup != nil && (len(rest) == 0 || find(cmd, rest[0]) == nil && rest[0] != "help") {
+			break
+		}
 		if len(rest) == 0 || rest[0] == "-h" || rest[0] == "--help" || rest[0] == "help" {
 			printGroup(stdout, cmd, path)
 			if len(rest) == 0 {
@@ -108,6 +112,12 @@ func printCommand(w io.Writer, cmd *Command, name string, fs *flag.FlagSet) {
 				def = fmt.Sprintf(" (default %s)", f.DefValue)
 			}
 			fmt.Fprintf(w, "  --%-18s %s%s\n", f.Name, f.Usage, def)
+		}
+	}
+	if len(cmd.Subcommands) > 0 {
+		fmt.Fprintf(w, "\nCommands:\n")
+		for _, c := range cmd.Subcommands {
+			fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
 		}
 	}
 	if len(cmd.Env) > 0 {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // MissingModelsError is a gateway that is up but does not serve a model the host needs.
@@ -34,8 +35,11 @@ func (e *MissingModelsError) Error() string {
 // Gate asks the gateway at gatewayURL, with key, whether it is up and serves both the
 // worker and the vision model. The dispatcher neither polls nor claims unless it is nil;
 // the error says what is wrong: unreachable, the key refused, or which model is missing
-// (a *MissingModelsError).
+// (a *MissingModelsError). A nil client means one with a 10s timeout.
 func Gate(ctx context.Context, client *http.Client, gatewayURL, key, workerModel, visionModel string) error {
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(gatewayURL, "/")+"/v1/models", nil)
 	if err != nil {
 		return fmt.Errorf("gateway gate: %w", err)

@@ -123,9 +123,6 @@ func OpenLogin(opts LoginOptions) (*Login, error) {
 	return l, nil
 }
 
-// Identity is the account the login belongs to.
-func (l *Login) Identity() string { return l.identity }
-
 // Synced is closed while auth.json holds the login in memory, and replaced by an open
 // channel whenever a rotated login could not be written.
 func (l *Login) Synced() <-chan struct{} {
@@ -219,6 +216,8 @@ func (l *Login) refreshOnce(stale string) (string, error) {
 		l.log.Error("gateway login: refresh failed", "identity", l.identity, "err", err)
 		return "", err
 	}
+	// Providers need not send an id token with a refresh; when one comes, it must be
+	// the stored identity's.
 	if a.IDToken != "" {
 		id, err := identityOf(a.IDToken)
 		if err != nil || id != l.identity {

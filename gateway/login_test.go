@@ -412,14 +412,17 @@ func TestUpstream401RefreshesOnceAndRetriesOnce(t *testing.T) {
 	}
 
 	// A provider that refuses every token: still only one refresh and one retry, then
-	// the client gets the provider's 401.
+	// the client learns that the gateway's upstream credential was refused (not its key).
 	before := len(p.recorded())
 	p.mu.Lock()
 	p.reject401 = 1000
 	p.mu.Unlock()
 	resp, body := call(t, "POST", rig.g.url+"/v1/chat/completions", key, smallChat)
-	if resp.StatusCode != http.StatusUnauthorized {
+	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if _, code := openAIError(t, body); code != "upstream_unauthorized" {
+		t.Fatalf("code %q", code)
 	}
 	var paths []string
 	for _, r := range p.recorded()[before:] {
@@ -510,5 +513,31 @@ func TestDeviceLoginAndSaveLoginRefusesAnotherIdentity(t *testing.T) {
 	}
 	if _, err := cfg.ExchangeRefreshToken(context.Background(), "secret-refresh-1"); !IsInvalidGrant(err) {
 		t.Fatalf("a spent refresh token: %v", err)
+	}
+}
+
+func TestRefusedRefreshTokenRaisesTheLoginAlarm(t *testing.T) {
+	p := newFakeProvider(t, "acct-1")
+	clock := newFakeClock()
+	path := filepath.Join(t.TempDir(), "auth.json")
+	original := writeAuth(t, path, p, clock)
+	rig := startLoginGateway(t, path, p, clock, nil)
+	p.mu.Lock()
+	p.refresh = "revoked-by-the-provider"
+	p.mu.Unlock()
+	clock.Advance(2 * time.Minute)
+	resp, body := call(t, "POST", rig.g.url+"/v1/chat/completions", "Bearer "+orgKey(t, "org-a"), smallChat)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	code, rep := health(t, rig.g)
+	if code != 503 || !strings.Contains(rep.Reasons[alarmLogin], "gateway login") {
+		t.Fatalf("healthz %d %+v", code, rep)
+	}
+	if now, _ := os.ReadFile(path); !bytes.Equal(now, original) {
+		t.Fatal("a refused refresh changed auth.json")
+	}
+	if got := testutil.ToFloat64(rig.login.metrics.refreshes.WithLabelValues("failed")); got != 1 {
+		t.Fatalf("failed refreshes = %v", got)
 	}
 }

@@ -4,15 +4,16 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Request outcomes, the values of gateway_requests_total's outcome label.
 const (
-	outcomeOK                  = "ok"
-	outcomeUpstreamStatus      = "upstream_status" // the upstream answered with an error status
-	outcomeUpstreamUnreachable = "upstream_unreachable"
-	outcomeLoginFailed         = "login_failed" // no usable upstream access token
-	outcomeUnauthorized        = "unauthorized"
-	outcomeRateLimited         = "rate_limited"
-	outcomeBusy                = "busy"
-	outcomeTooLarge            = "too_large"
-	outcomeClientGone          = "client_gone"
+	outcomeOK                   = "ok"
+	outcomeUpstreamStatus       = "upstream_status" // the upstream answered with an error status
+	outcomeUpstreamUnreachable  = "upstream_unreachable"
+	outcomeUpstreamUnauthorized = "upstream_unauthorized" // the upstream refused the gateway's credential
+	outcomeLoginFailed          = "login_failed"          // no usable upstream access token
+	outcomeUnauthorized         = "unauthorized"
+	outcomeRateLimited          = "rate_limited"
+	outcomeBusy                 = "busy"
+	outcomeTooLarge             = "too_large"
+	outcomeClientGone           = "client_gone"
 )
 
 // unauthenticated labels requests without a valid key; like hostCaller it is outside the

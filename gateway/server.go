@@ -202,6 +202,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, endpoint, target 
 		return outcome, caller
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized && s.auth != nil {
+		// Passed through, a 401 would tell the client its gateway key is wrong; it is the
+		// gateway's own upstream credential that was refused, even after a refresh.
+		s.ops.Log.Error("gateway: the upstream refused the gateway's credential", "endpoint", endpoint, "org", caller)
+		writeOpenAIError(w, http.StatusBadGateway, "upstream_error", "upstream_unauthorized",
+			"the upstream refused the gateway's credential; its /healthz and logs say more")
+		return outcomeUpstreamUnauthorized, caller
+	}
 	for _, h := range forwardedResponseHeaders {
 		if v := resp.Header.Get(h); v != "" {
 			w.Header().Set(h, v)

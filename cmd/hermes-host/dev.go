@@ -19,10 +19,12 @@ func devCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "dev",
 		Summary: "run the whole product on this machine (the embedded default of `make run`)",
-		Env:     append([]config.Var{config.DatabaseURL}, backendEnv...),
+		Env:     append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey}, backendEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
 			backendAddr := fs.String("backend-addr", "127.0.0.1:8090", "listen address of the seeded reference backend (port 0 picks one)")
+			gw := gatewaySettings{upstream: demoUpstream}
+			fs.StringVar(&gw.addr, "gateway-addr", "127.0.0.1:8091", "listen address of the model gateway, which serves the demo upstream (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return cli.Usagef("dev takes no arguments")
@@ -34,6 +36,7 @@ func devCommand() *cli.Command {
 					url = e.Required(config.DatabaseURL)
 					shutdownGrace = grace(e)
 					bs = readBackendSettings(e, false)
+					readGateway(e, &gw)
 				})
 				if err != nil {
 					return err
@@ -42,6 +45,12 @@ func devCommand() *cli.Command {
 					// Nothing outside this process needs it until an operator sets one.
 					bs.cfg.BotToken = service.Secret(rand.Text())
 					log.Info("SARTIQ_BOT_TOKEN is not set: the reference backend uses a bot token made for this run")
+				}
+				if gw.secret == "" {
+					gw.secret = randomSecret()
+				}
+				if gw.hostKey == "" {
+					gw.hostKey = randomSecret()
 				}
 				if err := migrations.Host.Up(ctx, url, log); err != nil {
 					return err
@@ -63,8 +72,18 @@ func devCommand() *cli.Command {
 					return err
 				}
 				defer closeBackendDB()
-				log.Info("hermes-host dev is up", "status_url", srv.URL(), "backend_url", backendSrv.URL(), "schema", schema)
+
 				g, gctx := errgroup.WithContext(ctx)
+				gatewayUp := make(chan string, 1)
+				g.Go(func() error { return runGateway(gctx, log, gw, func(url string) { gatewayUp <- url }) })
+				var gatewayURL string
+				select {
+				case gatewayURL = <-gatewayUp:
+				case <-gctx.Done():
+					return g.Wait()
+				}
+				log.Info("hermes-host dev is up", "status_url", srv.URL(), "backend_url", backendSrv.URL(),
+					"gateway_url", gatewayURL, "schema", schema)
 				g.Go(func() error { return srv.Serve(gctx) })
 				g.Go(func() error { return backendSrv.Serve(gctx) })
 				return g.Wait()

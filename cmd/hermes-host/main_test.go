@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"hermeshost/gateway"
 	"hermeshost/pg/pgtest"
 )
 
@@ -211,8 +212,8 @@ func TestConcurrentUpEndsWithOneSchema(t *testing.T) {
 func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	url, _ := pgtest.EmptySchema(t)
 	backendURL, _ := pgtest.EmptySchema(t)
-	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL}
+	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL, "GATEWAY_SECRET=dev-test-secret"}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +223,7 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
 
-	statusURL, backendBase := "", ""
+	statusURL, backendBase, gatewayURL := "", "", ""
 	var logs strings.Builder
 	lines := bufio.NewScanner(stderr)
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
@@ -233,9 +234,10 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 			Msg        string `json:"msg"`
 			StatusURL  string `json:"status_url"`
 			BackendURL string `json:"backend_url"`
+			GatewayURL string `json:"gateway_url"`
 		}
 		if json.Unmarshal(lines.Bytes(), &ev) == nil && ev.Msg == "hermes-host dev is up" {
-			statusURL, backendBase = ev.StatusURL, ev.BackendURL
+			statusURL, backendBase, gatewayURL = ev.StatusURL, ev.BackendURL, ev.GatewayURL
 		}
 	}
 	if statusURL == "" {
@@ -258,6 +260,13 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("dev's backend answered an anonymous list with %d", resp.StatusCode)
+	}
+	key, err := gateway.OrgKey("dev-test-secret", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gateway.Gate(t.Context(), http.DefaultClient, gatewayURL, key, gateway.DemoWorkerModel, gateway.DemoVisionModel); err != nil {
+		t.Fatalf("dev's gateway (%q) does not serve the demo models: %v", gatewayURL, err)
 	}
 	drained := make(chan struct{})
 	go func() { io.Copy(io.Discard, stderr); close(drained) }() //nolint:errcheck
