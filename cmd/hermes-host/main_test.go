@@ -38,8 +38,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build hermes-host:", err)
 		os.Exit(1)
 	}
-	pgtest.Main(m)
+	code := pgtest.Run(m)
 	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 type result struct {

@@ -3,7 +3,6 @@ package sartiqcli_test
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -12,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"hermeshost/pg/pgtest"
@@ -24,19 +24,35 @@ import (
 var sartiqBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sartiq-bin")
-	if err != nil {
-		panic(err)
+	code := pgtest.Run(m)
+	if sartiqDir != "" {
+		os.RemoveAll(sartiqDir)
 	}
-	sartiqBin = filepath.Join(dir, "sartiq")
-	build := exec.Command("go", "build", "-o", sartiqBin, "hermeshost/cmd/hermes-host")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build sartiq:", err)
-		os.Exit(1)
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	sartiqDir string
+	buildErr  error
+)
+
+// buildSartiq builds hermes-host under the name sartiq, once, for the tests that run it; the
+// fuzz workers, which run TestMain too, never pay for it.
+func buildSartiq(t *testing.T) {
+	t.Helper()
+	buildOnce.Do(func() {
+		if sartiqDir, buildErr = os.MkdirTemp("", "sartiq-bin"); buildErr != nil {
+			return
+		}
+		sartiqBin = filepath.Join(sartiqDir, "sartiq")
+		build := exec.Command("go", "build", "-o", sartiqBin, "hermeshost/cmd/hermes-host")
+		build.Stderr = os.Stderr
+		buildErr = build.Run()
+	})
+	if buildErr != nil {
+		t.Fatalf("build sartiq: %v", buildErr)
 	}
-	defer os.RemoveAll(dir)
-	pgtest.Main(m)
 }
 
 type result struct {
@@ -46,6 +62,7 @@ type result struct {
 
 func sartiqCmd(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
+	buildSartiq(t)
 	cmd := exec.Command(sartiqBin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for k, v := range env {
@@ -238,6 +255,7 @@ func TestCallThroughTheProxySocket(t *testing.T) {
 // hermes-host sartiq is the same command.
 func TestHermesHostSartiqSubcommand(t *testing.T) {
 	b := backendtest.Start(t, backend.Config{})
+	buildSartiq(t)
 	hh := filepath.Join(filepath.Dir(sartiqBin), "hermes-host")
 	if err := os.Link(sartiqBin, hh); err != nil {
 		t.Fatal(err)
