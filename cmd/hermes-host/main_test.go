@@ -165,8 +165,15 @@ func TestMigrateUpStatusDown(t *testing.T) {
 		t.Fatalf("status after up: %+v", r)
 	}
 	r = run(t, env, "migrate", "down")
-	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00001_leases.sql") {
+	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00002_dispatch.sql") {
 		t.Fatalf("down: %+v", r)
+	}
+	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "claim_attempts") || !contains(got, "leases") {
+		t.Fatalf("after one down the newest migration's tables go and the older stay: %v", got)
+	}
+	r = run(t, env, "migrate", "down")
+	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00001_leases.sql") {
+		t.Fatalf("second down: %+v", r)
 	}
 	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "leases") {
 		t.Fatalf("leases still there after down: %v", got)
@@ -190,10 +197,10 @@ func TestConcurrentUpEndsWithOneSchema(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("a concurrent up failed: %+v", r)
 		}
-		applied += strings.Count(r.stdout, "applied 00001_leases.sql")
+		applied += strings.Count(r.stdout, "applied 00001_leases.sql") + strings.Count(r.stdout, "applied 00002_dispatch.sql")
 	}
-	if applied != 1 {
-		t.Fatalf("the migration was applied %d times", applied)
+	if applied != 2 {
+		t.Fatalf("the two migrations were applied %d times in all", applied)
 	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pgtest.URL(t))

@@ -1,0 +1,221 @@
+package dispatch_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"hermeshost/dispatch"
+	"hermeshost/dispatch/runtime"
+	"hermeshost/gateway"
+	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend"
+	"hermeshost/sartiq/backend/backendtest"
+	"hermeshost/service"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "hermes-dispatch-test")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	for name, pkg := range map[string]string{"hermes-host": "../cmd/hermes-host", "scripted-agent": "../cmd/scripted-agent"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", name, err)
+			os.Exit(1)
+		}
+	}
+	code := pgtest.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer is a log sink the test reads while the dispatcher writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+type fixture struct {
+	backend *backendtest.Backend
+	db      *pgxpool.Pool
+	logs    *syncBuffer
+	cfg     dispatch.Config
+}
+
+func newFixture(t *testing.T, gatewayUp bool) *fixture {
+	t.Helper()
+	b := backendtest.Start(t, backend.Config{})
+	bot, err := sartiq.New(b.URL, backendtest.BotToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	demo := httptest.NewServer(gateway.Demo())
+	t.Cleanup(demo.Close)
+	gw, err := gateway.New(gateway.Config{
+		UpstreamURL: demo.URL + "/v1", Secret: "gw-secret", HostKey: "host-key",
+		OrgRPS: 1000, OrgBurst: 1000, OrgConcurrency: 16, MaxRequestBytes: 1 << 20,
+		Ops: service.NewOps(slog.New(slog.DiscardHandler)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwSrv := httptest.NewServer(gw.Handler())
+	t.Cleanup(gwSrv.Close)
+	gatewayURL := gwSrv.URL
+	if !gatewayUp {
+		gwSrv.Close()
+	}
+	_, db := pgtest.Schema(t)
+	root := t.TempDir()
+	for _, org := range backend.DemoOrganizations {
+		if err := os.MkdirAll(filepath.Join(root, "orgs", org), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt, err := runtime.NewProcess(runtime.Config{
+		Instance: "dispatch-test", OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
+		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	logs := &syncBuffer{}
+	return &fixture{backend: b, db: db, logs: logs, cfg: dispatch.Config{
+		Instance: "dispatch-test", Bot: bot, APIURL: b.URL, Runtime: rt, DB: db, OrgsRoot: filepath.Join(root, "orgs"),
+		GatewayURL: gatewayURL, GatewayKey: "host-key", GatewaySecret: "gw-secret",
+		WorkerModel: gateway.DemoWorkerModel, VisionModel: gateway.DemoVisionModel,
+		WorkerEnv: []string{"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=200ms"},
+		Log:       slog.New(slog.NewJSONHandler(logs, nil)),
+	}}
+}
+
+func (f *fixture) statuses(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+func TestClaimDisabledClaimsNothing(t *testing.T) {
+	f := newFixture(t, true)
+	d := dispatch.New(f.cfg)
+	n, err := d.Cycle(context.Background())
+	if err != nil || n != 0 {
+		t.Fatalf("cycle: %d %v", n, err)
+	}
+	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 || len(st) != 1 {
+		t.Fatalf("backend jobs: %v", st)
+	}
+	if c := strings.Count(f.logs.String(), "CLAIM_ENABLED=false: would claim"); c != 4 {
+		t.Fatalf("%d would-claim lines, want one per queued job:\n%s", c, f.logs.String())
+	}
+}
+
+func TestGatewayDownMeansNoPollNoClaim(t *testing.T) {
+	f := newFixture(t, false)
+	f.cfg.ClaimEnabled = true
+	d := dispatch.New(f.cfg)
+	if _, err := d.Cycle(context.Background()); err == nil || !strings.Contains(err.Error(), "gateway gate closed") {
+		t.Fatalf("cycle with the gateway down: %v", err)
+	}
+	var listed int
+	if err := f.backend.DB.QueryRow(context.Background(), `SELECT count(*) FROM agent_job_events WHERE kind = 'claim'`).Scan(&listed); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 || listed != 0 {
+		t.Fatalf("jobs claimed with the gateway down: %v", st)
+	}
+	f2 := newFixture(t, true)
+	f2.cfg.ClaimEnabled, f2.cfg.VisionModel = true, "no-such-vision-model"
+	if _, err := dispatch.New(f2.cfg).Cycle(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-vision-model") {
+		t.Fatalf("cycle with a model missing: %v", err)
+	}
+	if st := f2.statuses(t); st[sartiq.StatusQueued] != 4 {
+		t.Fatalf("jobs claimed with a model missing: %v", st)
+	}
+}
+
+func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	d := dispatch.New(f.cfg)
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for f.statuses(t)[sartiq.StatusCompleted] < 4 && time.Now().Before(deadline) {
+		n, err := d.Cycle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > len(backend.DemoOrganizations) {
+			t.Fatalf("one cycle started %d jobs for %d orgs", n, len(backend.DemoOrganizations))
+		}
+		d.Wait()
+	}
+	if st := f.statuses(t); st[sartiq.StatusCompleted] != 4 {
+		t.Fatalf("backend jobs: %v\n%s", st, f.logs.String())
+	}
+	var attempts, completed, progress int
+	if err := f.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE outcome = 'completed') FROM claim_attempts`).Scan(&attempts, &completed); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM mirror_job_events WHERE kind = 'progress'`).Scan(&progress); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 4 || completed != 4 || progress < 5 {
+		t.Fatalf("claim attempts %d (completed %d), mirrored progress lines %d", attempts, completed, progress)
+	}
+	var mirrored int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM mirror_jobs WHERE status = 'COMPLETED'`).Scan(&mirrored); err != nil || mirrored != 4 {
+		t.Fatalf("mirror: %d %v", mirrored, err)
+	}
+	// Never two jobs of one org in flight: each org's claim-to-outcome intervals are disjoint.
+	var overlaps int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM claim_attempts a JOIN claim_attempts b
+		ON a.org = b.org AND a.id < b.id AND b.claimed_at < a.finished_at`).Scan(&overlaps); err != nil || overlaps != 0 {
+		t.Fatalf("overlapping jobs of one org: %d %v", overlaps, err)
+	}
+	if !strings.Contains(f.logs.String(), `"msg":"job outcome"`) {
+		t.Fatal("no outcome logged")
+	}
+}
