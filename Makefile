@@ -9,9 +9,10 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 
 .PHONY: run test build generate lint test-go fuzz bench images clean
 
-## run: start Postgres if none is given, migrate, and run the whole product (hermes-host dev).
+## run: start Postgres if none is given (and Docker when installed), build the images when an engine answers,
+## migrate, and run the whole product (hermes-host dev): backend with demo jobs, gateway, dispatcher claiming.
 run: build
-	scripts/with-services.sh $(BIN) dev
+	scripts/with-services.sh sh -c 'if scripts/docker.sh status; then $(BIN) images build $(BIN) $(AGENT); fi; exec $(BIN) dev'
 
 ## build: write bin/hermes-host and, beside it, the scripted agent that stands in for Hermes.
 build: $(BIN) $(AGENT)

@@ -98,6 +98,10 @@ var (
 		Usage: "the agent's turn limit per run (--max-turns)"})
 	MaxResumes = define(Var{Name: "MAX_RESUMES", Default: "3",
 		Usage: "how often a worker resumes an agent session that stopped at its turn limit with work left"})
+	PollInterval = define(Var{Name: "POLL_INTERVAL", Default: "5s",
+		Usage: "how often the dispatcher polls the backend's queue"})
+	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
+		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
 		Usage: "the agent command"})
 	HermesBundledSkills = define(Var{Name: "HERMES_BUNDLED_SKILLS", Default: "/opt/hermes/skills",

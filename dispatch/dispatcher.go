@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -197,7 +198,16 @@ func mirrorStatus(outcome string) string {
 }
 
 func (d *Dispatcher) run(ctx context.Context, c *sartiq.Claim, log *slog.Logger) (outcome, reason string) {
-	home, err := orghome.OpenHome(c.OrganizationID, filepath.Join(d.cfg.OrgsRoot, c.OrganizationID))
+	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
+	// An org's first job makes its home; the id was validated by the backend and is checked
+	// again by OpenHome.
+	if err := orghome.ValidID(c.OrganizationID); err != nil {
+		return "crashed", err.Error()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err)
+	}
+	home, err := orghome.OpenHome(c.OrganizationID, dir)
 	if err != nil {
 		return "crashed", err.Error()
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"flag"
+	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -19,10 +21,11 @@ func devCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "dev",
 		Summary: "run the whole product on this machine (the embedded default of `make run`)",
-		Env:     append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey}, backendEnv...),
+		Env:     append(append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey}, backendEnv...), dispatcherEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
 			backendAddr := fs.String("backend-addr", "127.0.0.1:8090", "listen address of the seeded reference backend (port 0 picks one)")
+			orgsRoot := fs.String("orgs-root", ".run/orgs", "where the demo organizations' homes are made")
 			gw := gatewaySettings{upstream: demoUpstream}
 			fs.StringVar(&gw.addr, "gateway-addr", "127.0.0.1:8091", "listen address of the model gateway, which serves the demo upstream (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
@@ -32,11 +35,18 @@ func devCommand() *cli.Command {
 				var url string
 				var shutdownGrace time.Duration
 				var bs backendSettings
+				var ds dispatcherSettings
 				log, err := startup("dev", func(e *config.Env) {
 					url = e.Required(config.DatabaseURL)
 					shutdownGrace = grace(e)
 					bs = readBackendSettings(e, false)
 					readGateway(e, &gw)
+					readDispatcher(e, &ds, false)
+					// dev claims unless told not to; elsewhere claiming is opt-in.
+					ds.claim = true
+					if _, set := os.LookupEnv(config.ClaimEnabled.Name); set {
+						ds.claim = e.Bool(config.ClaimEnabled)
+					}
 				})
 				if err != nil {
 					return err
@@ -86,6 +96,17 @@ func devCommand() *cli.Command {
 					"gateway_url", gatewayURL, "schema", schema)
 				g.Go(func() error { return srv.Serve(gctx) })
 				g.Go(func() error { return backendSrv.Serve(gctx) })
+
+				if ds.orgsRoot, err = filepath.Abs(*orgsRoot); err != nil {
+					return err
+				}
+				ds.dbURL, ds.apiURL, ds.bot = url, backendSrv.URL(), bs.cfg.BotToken
+				ds.gatewayURL, ds.gatewayKey, ds.gatewaySec = gatewayURL, gw.hostKey, gw.secret
+				if _, set := os.LookupEnv(config.HermesBin.Name); !set {
+					// Offline, the scripted agent built beside hermes-host plays Hermes.
+					ds.workerEnv = append(ds.workerEnv, config.HermesBin.Name+"=scripted-agent")
+				}
+				g.Go(func() error { return runDispatcher(gctx, log, ds) })
 				return g.Wait()
 			}
 		},

@@ -19,6 +19,7 @@ func root() *cli.Command {
 		Subcommands: []*cli.Command{
 			devCommand(),
 			backendCommand(),
+			dispatcherCommand(),
 			gatewayCommand(),
 			imagesCommand(),
 			leaseCommand(),

@@ -220,8 +220,12 @@ func TestConcurrentUpEndsWithOneSchema(t *testing.T) {
 func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	url, _ := pgtest.EmptySchema(t)
 	backendURL, _ := pgtest.EmptySchema(t)
-	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL, "GATEWAY_SECRET=dev-test-secret"}
+	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
+		"--orgs-root", t.TempDir())
+	// Claiming off (the job flow is the dispatcher's own test), and no Docker engine, so the
+	// dispatcher takes the process runtime whatever runs on this machine.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL,
+		"GATEWAY_SECRET=dev-test-secret", "CLAIM_ENABLED=false", "DOCKER_HOST=unix:///nonexistent/docker.sock"}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"hermeshost/cli"
+	"hermeshost/config"
+	"hermeshost/dispatch"
+	"hermeshost/dispatch/runtime"
+	"hermeshost/migrations"
+	"hermeshost/pg"
+	"hermeshost/sartiq"
+	"hermeshost/service"
+)
+
+type dispatcherSettings struct {
+	dbURL, apiURL            string
+	bot                      service.Secret
+	gatewayURL               string
+	gatewayKey, gatewaySec   service.Secret
+	workerModel, visionModel string
+	claim                    bool
+	poll                     time.Duration
+	orgsRoot, instance       string
+	workerImage, dashImage   string
+	workerEnv                []string
+}
+
+var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
+	config.GatewayKey, config.GatewaySecret, config.WorkerModel, config.VisionModel, config.ClaimEnabled,
+	config.PollInterval, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
+	config.HermesBin, config.HeartbeatInterval, config.LogLevel}
+
+func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
+	s.dbURL = e.Required(config.DatabaseURL)
+	if requireAll {
+		s.apiURL = e.Required(config.SartiqAPIURL)
+		s.bot = service.Secret(e.Required(config.SartiqBotToken))
+		s.gatewayURL = e.Required(config.GatewayURL)
+		s.gatewayKey = service.Secret(e.Required(config.GatewayKey))
+		s.gatewaySec = service.Secret(e.Required(config.GatewaySecret))
+		s.claim = e.Bool(config.ClaimEnabled)
+		s.orgsRoot = e.String(config.OrgsRoot)
+	}
+	s.workerModel = e.String(config.WorkerModel)
+	s.visionModel = e.String(config.VisionModel)
+	s.poll = e.Duration(config.PollInterval)
+	s.instance = e.String(config.HermesInstance)
+	s.workerImage = e.String(config.WorkerImage)
+	s.dashImage = e.String(config.DashboardImage)
+	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval} {
+		if val, ok := os.LookupEnv(v.Name); ok {
+			s.workerEnv = append(s.workerEnv, v.Name+"="+val)
+		}
+	}
+}
+
+// runDispatcher polls until ctx ends, then stops claiming and waits for the jobs in flight.
+// A shutdown that arrives while it is still starting is a clean stop, not an error.
+func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
+	err := dispatchUntilDone(ctx, log, s)
+	if err != nil && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
+	if s.instance == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		s.instance = h
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	rt, err := runtime.Detect(ctx, runtime.Config{
+		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
+		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
+		Network: "host", BinDir: filepath.Dir(self), Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	if err := migrations.Host.Up(ctx, s.dbURL, log); err != nil {
+		return err
+	}
+	pool, _, err := pg.Open(ctx, s.dbURL, migrations.Host.DefaultSchema)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bot, err := sartiq.New(s.apiURL, s.bot.Reveal())
+	if err != nil {
+		return err
+	}
+	d := dispatch.New(dispatch.Config{
+		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, OrgsRoot: s.orgsRoot,
+		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
+		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim,
+		WorkerEnv: s.workerEnv, Log: log,
+	})
+	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(), "instance", s.instance)
+	t := time.NewTicker(s.poll)
+	defer t.Stop()
+	for {
+		n, err := d.Cycle(ctx)
+		switch {
+		case errors.Is(err, dispatch.ErrGateClosed):
+			log.Warn("not polling: gateway gate closed", "err", err)
+		case err != nil && ctx.Err() == nil:
+			log.Warn("poll cycle failed", "err", err)
+		case n > 0:
+			log.Info("jobs started", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("dispatcher stopping: no more claims; waiting for the jobs in flight")
+			d.Wait()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func dispatcherCommand() *cli.Command {
+	return &cli.Command{
+		Name:    "dispatcher",
+		Summary: "poll the backend behind the gateway gate, claim, and run each org's jobs in its worker",
+		Env:     dispatcherEnv,
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return cli.Usagef("dispatcher takes no arguments")
+				}
+				var s dispatcherSettings
+				log, err := startup("dispatcher", func(e *config.Env) { readDispatcher(e, &s, true) })
+				if err != nil {
+					return err
+				}
+				return runDispatcher(ctx, log, s)
+			}
+		},
+	}
+}
