@@ -50,6 +50,9 @@ type Config struct {
 	VisionModel   string
 
 	ClaimEnabled bool
+	// MaxAttempts is how many crashed or failed runs a job may have; past it recovery
+	// re-claims the stale job and fails it with the reason.
+	MaxAttempts int
 	// WorkerEnv is passed to every run-job besides what the dispatcher sets (for example
 	// HEARTBEAT_INTERVAL, MAX_TURNS, HERMES_BIN).
 	WorkerEnv []string
@@ -84,6 +87,11 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("%w: %v", ErrGateClosed, err)
 	}
 	started := 0
+	recovered, err := d.recover(ctx)
+	started += recovered
+	if err != nil {
+		return started, err
+	}
 	for _, typ := range JobTypes {
 		page, err := d.cfg.Bot.ListJobs(ctx, sartiq.ListJobsParams{Status: sartiq.StatusQueued, Type: typ, Limit: 100})
 		if err != nil {
@@ -118,6 +126,87 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 		}
 	}
 	return started, nil
+}
+
+// recover re-claims jobs whose worker died: CLAIMED or RUNNING jobs the backend reports
+// stale. The job's event log in the backend is the attempt count (it survives any host
+// restart): each re-claim says the attempt before it crashed, and the stale attempt itself
+// crashed too. Below MaxAttempts the job runs again; at the cap it is re-claimed and failed
+// at once with the reason, with the fresh token.
+func (d *Dispatcher) recover(ctx context.Context) (int, error) {
+	started := 0
+	for _, typ := range JobTypes {
+		page, err := d.cfg.Bot.ListJobs(ctx, sartiq.ListJobsParams{Status: sartiq.StatusClaimed + "," + sartiq.StatusRunning, Type: typ, Limit: 100})
+		if err != nil {
+			return started, fmt.Errorf("poll stale %s jobs: %w", typ, err)
+		}
+		for _, job := range page.Jobs {
+			if !job.Stale {
+				continue
+			}
+			if !d.cfg.ClaimEnabled {
+				d.cfg.Log.Info("CLAIM_ENABLED=false: would re-claim a stale job", "job", job.ID, "org", job.OrganizationID)
+				continue
+			}
+			if !d.reserve(job.OrganizationID) {
+				continue
+			}
+			events, err := d.cfg.Bot.ListEvents(ctx, job.ID)
+			if err != nil {
+				d.release(job.OrganizationID)
+				return started, fmt.Errorf("attempts of job %s: %w", job.ID, err)
+			}
+			crashed := 1
+			for _, e := range events {
+				if e.Kind == sartiq.EventReclaim {
+					crashed++
+				}
+			}
+			claim, err := d.cfg.Bot.Reclaim(ctx, job.ID)
+			if err != nil {
+				d.release(job.OrganizationID)
+				if sartiq.IsConflict(err) {
+					continue
+				}
+				return started, fmt.Errorf("re-claim job %s: %w", job.ID, err)
+			}
+			if err := d.recordClaim(ctx, claim, "reclaim"); err != nil {
+				d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
+			}
+			if crashed >= d.cfg.MaxAttempts {
+				d.giveUp(ctx, claim, crashed)
+				d.release(job.OrganizationID)
+				continue
+			}
+			d.cfg.Log.Warn("re-claimed a stale job", "job", job.ID, "org", job.OrganizationID, "crashed_attempts", crashed)
+			started++
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				defer d.release(claim.OrganizationID)
+				d.deliver(context.WithoutCancel(ctx), claim)
+			}()
+		}
+	}
+	return started, nil
+}
+
+func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
+	reason := fmt.Sprintf("gave up after %d crashed attempts (MAX_ATTEMPTS=%d)", crashed, d.cfg.MaxAttempts)
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err == nil {
+		_, err = api.Fail(ctx, c.Job.ID, reason)
+	}
+	if err != nil {
+		d.cfg.Log.Error("fail a job past its attempts", "job", c.Job.ID, "err", err)
+		return
+	}
+	if _, err := d.cfg.DB.Exec(ctx, `
+WITH a AS (UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2)
+UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE job_id = $1`, c.Job.ID, c.Job.Attempt, reason); err != nil {
+		d.cfg.Log.Error("record giving up", "job", c.Job.ID, "err", err)
+	}
+	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
 }
 
 // Wait waits for the jobs in flight.

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
 	"hermeshost/sartiq/backend/backendtest"
+	"hermeshost/scriptedagent"
 	"hermeshost/service"
 )
 
@@ -217,5 +219,56 @@ func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
 	}
 	if !strings.Contains(f.logs.String(), `"msg":"job outcome"`) {
 		t.Fatal("no outcome logged")
+	}
+}
+
+func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 3
+	knobs, _ := json.Marshal(scriptedagent.Knobs{CrashAtWrite: 1})
+	if err := os.WriteFile(filepath.Join(f.cfg.OrgsRoot, "acme", scriptedagent.KnobsFile), knobs, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 20 {
+		st := f.statuses(t)
+		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
+			break
+		}
+		// A new dispatcher every cycle: nothing but the backend's log and Postgres carries over.
+		d := dispatch.New(f.cfg)
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+		f.backend.Clock.Advance(2 * time.Minute) // the crashed workers' jobs go stale
+	}
+	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
+		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
+	}
+	rows, err := f.db.Query(ctx, `SELECT job_id, count(*) FILTER (WHERE outcome = 'crashed'), count(*), max(reason) FILTER (WHERE outcome = 'failed')
+		FROM claim_attempts WHERE org = 'acme' GROUP BY job_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	jobs := 0
+	for rows.Next() {
+		var job, reason string
+		var crashed, claims int
+		if err := rows.Scan(&job, &crashed, &claims, &reason); err != nil {
+			t.Fatal(err)
+		}
+		jobs++
+		if crashed != 3 || claims != 4 || !strings.Contains(reason, "3 crashed attempts") {
+			t.Errorf("job %s: %d crashed runs in %d claims, reason %q; want exactly MAX_ATTEMPTS=3 runs, then a re-claim that fails it", job, crashed, claims, reason)
+		}
+		var backendErr string
+		if err := f.backend.DB.QueryRow(ctx, `SELECT error FROM agent_jobs WHERE id = $1`, job).Scan(&backendErr); err != nil || !strings.Contains(backendErr, "MAX_ATTEMPTS=3") {
+			t.Errorf("job %s at the backend: %q %v", job, backendErr, err)
+		}
+	}
+	if jobs != 2 {
+		t.Fatalf("%d acme jobs in claim_attempts", jobs)
 	}
 }

@@ -26,6 +26,7 @@ type dispatcherSettings struct {
 	gatewayKey, gatewaySec   service.Secret
 	workerModel, visionModel string
 	claim                    bool
+	maxAttempts              int
 	poll                     time.Duration
 	orgsRoot, instance       string
 	workerImage, dashImage   string
@@ -34,7 +35,7 @@ type dispatcherSettings struct {
 
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
 	config.GatewayKey, config.GatewaySecret, config.WorkerModel, config.VisionModel, config.ClaimEnabled,
-	config.PollInterval, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
+	config.PollInterval, config.MaxAttempts, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
 	config.HermesBin, config.HeartbeatInterval, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
@@ -51,6 +52,7 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.workerModel = e.String(config.WorkerModel)
 	s.visionModel = e.String(config.VisionModel)
 	s.poll = e.Duration(config.PollInterval)
+	s.maxAttempts = e.Int(config.MaxAttempts)
 	s.instance = e.String(config.HermesInstance)
 	s.workerImage = e.String(config.WorkerImage)
 	s.dashImage = e.String(config.DashboardImage)
@@ -107,7 +109,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	d := dispatch.New(dispatch.Config{
 		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, OrgsRoot: s.orgsRoot,
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
-		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim,
+		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
 		WorkerEnv: s.workerEnv, Log: log,
 	})
 	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(), "instance", s.instance)
