@@ -113,16 +113,8 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 				}
 				return started, fmt.Errorf("claim job %s: %w", job.ID, err)
 			}
-			if err := d.recordClaim(ctx, claim, "claim"); err != nil {
-				d.cfg.Log.Error("record claim", "job", job.ID, "err", err)
-			}
+			d.start(ctx, claim, "claim")
 			started++
-			d.wg.Add(1)
-			go func() {
-				defer d.wg.Done()
-				defer d.release(claim.OrganizationID)
-				d.deliver(context.WithoutCancel(ctx), claim)
-			}()
 		}
 	}
 	return started, nil
@@ -170,22 +162,17 @@ func (d *Dispatcher) recover(ctx context.Context) (int, error) {
 				}
 				return started, fmt.Errorf("re-claim job %s: %w", job.ID, err)
 			}
-			if err := d.recordClaim(ctx, claim, "reclaim"); err != nil {
-				d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
-			}
 			if crashed >= d.cfg.MaxAttempts {
+				if err := d.recordClaim(ctx, claim, "reclaim"); err != nil {
+					d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
+				}
 				d.giveUp(ctx, claim, crashed)
 				d.release(job.OrganizationID)
 				continue
 			}
 			d.cfg.Log.Warn("re-claimed a stale job", "job", job.ID, "org", job.OrganizationID, "crashed_attempts", crashed)
+			d.start(ctx, claim, "reclaim")
 			started++
-			d.wg.Add(1)
-			go func() {
-				defer d.wg.Done()
-				defer d.release(claim.OrganizationID)
-				d.deliver(context.WithoutCancel(ctx), claim)
-			}()
 		}
 	}
 	return started, nil
@@ -207,6 +194,21 @@ UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE j
 		d.cfg.Log.Error("record giving up", "job", c.Job.ID, "err", err)
 	}
 	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
+}
+
+// start records a claim and delivers it in the background; the org's slot, reserved by the
+// caller, is freed when the delivery ends. Deliveries outlive ctx: a job in flight is not
+// cut off by the end of the cycle that claimed it.
+func (d *Dispatcher) start(ctx context.Context, claim *sartiq.Claim, kind string) {
+	if err := d.recordClaim(ctx, claim, kind); err != nil {
+		d.cfg.Log.Error("record "+kind, "job", claim.Job.ID, "err", err)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer d.release(claim.OrganizationID)
+		d.deliver(context.WithoutCancel(ctx), claim)
+	}()
 }
 
 // Wait waits for the jobs in flight.

@@ -22,10 +22,16 @@ type Capability struct {
 	prompt *template.Template
 	// Gate checks the agent's final answer against what the worker saw persisted, and
 	// returns the job's result or why it is not complete.
-	Gate func(final json.RawMessage, want []string, persisted []string) (json.RawMessage, error)
+	Gate func(final json.RawMessage, want []string, seen Persisted) (json.RawMessage, error)
 	// Resumable capabilities are resumed in the same agent session when the agent stops at
 	// its turn limit.
 	Resumable bool
+}
+
+// Persisted is what the worker saw the backend accept through its proxy.
+type Persisted struct {
+	Categories []string // proposeGuidelines, once each
+	Writes     int      // every accepted write-surface call
 }
 
 // ErrUnknownType: the job's type has no capability; the job fails with its name.
@@ -74,7 +80,8 @@ func FinalAnswer(output []byte) json.RawMessage {
 
 // guidelinesGate completes only when the answer names exactly the manifest's categories
 // and each was seen persisted.
-func guidelinesGate(final json.RawMessage, want, persisted []string) (json.RawMessage, error) {
+func guidelinesGate(final json.RawMessage, want []string, seen Persisted) (json.RawMessage, error) {
+	persisted := seen.Categories
 	var missing []string
 	for _, c := range want {
 		if !slices.Contains(persisted, c) {
@@ -111,9 +118,9 @@ func guidelinesGate(final json.RawMessage, want, persisted []string) (json.RawMe
 	return result, nil
 }
 
-// productsGate completes when the agent answered and at least its claimed proposals went
-// through (the worker counts accepted proposeProducts calls in persisted).
-func productsGate(final json.RawMessage, _ []string, persisted []string) (json.RawMessage, error) {
+// productsGate completes when the agent answered and no more proposals are claimed than
+// the backend accepted.
+func productsGate(final json.RawMessage, _ []string, seen Persisted) (json.RawMessage, error) {
 	if final == nil {
 		return nil, errors.New("the agent gave no final answer")
 	}
@@ -123,8 +130,8 @@ func productsGate(final json.RawMessage, _ []string, persisted []string) (json.R
 	if err := json.Unmarshal(final, &answer); err != nil {
 		return nil, fmt.Errorf("the final answer is not {\"proposed\": [...]}: %v", err)
 	}
-	if len(answer.Proposed) > len(persisted) {
-		return nil, fmt.Errorf("the final answer claims %d proposals, %d were accepted", len(answer.Proposed), len(persisted))
+	if len(answer.Proposed) > seen.Writes {
+		return nil, fmt.Errorf("the final answer claims %d proposals, %d were accepted", len(answer.Proposed), seen.Writes)
 	}
 	result, _ := json.Marshal(map[string]any{"proposed": answer.Proposed})
 	return result, nil

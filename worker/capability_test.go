@@ -40,7 +40,7 @@ func TestFinalAnswerIsTheLastJSONLine(t *testing.T) {
 func TestGuidelinesGate(t *testing.T) {
 	want := []string{"a", "b", "c"}
 	ok := json.RawMessage(`{"categories":["c","a","b"]}`)
-	if res, err := guidelinesGate(ok, want, []string{"a", "b", "c"}); err != nil || string(res) != `{"categories":["a","b","c"]}` {
+	if res, err := guidelinesGate(ok, want, Persisted{Categories: []string{"a", "b", "c"}}); err != nil || string(res) != `{"categories":["a","b","c"]}` {
 		t.Fatalf("complete job: %s %v", res, err)
 	}
 	cases := []struct {
@@ -55,17 +55,17 @@ func TestGuidelinesGate(t *testing.T) {
 		{json.RawMessage(`{"categories":"all"}`), []string{"a", "b", "c"}, "is not"},
 	}
 	for _, c := range cases {
-		if _, err := guidelinesGate(c.final, want, c.persisted); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := guidelinesGate(c.final, want, Persisted{Categories: c.persisted}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s with %v: want %q, got %v", c.final, c.persisted, c.want, err)
 		}
 	}
 }
 
 func TestProductsGate(t *testing.T) {
-	if _, err := productsGate(json.RawMessage(`{"proposed":["x","y"]}`), nil, []string{"p1", "p2"}); err != nil {
+	if _, err := productsGate(json.RawMessage(`{"proposed":["x","y"]}`), nil, Persisted{Writes: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := productsGate(json.RawMessage(`{"proposed":["x","y"]}`), nil, []string{"p1"}); err == nil {
+	if _, err := productsGate(json.RawMessage(`{"proposed":["x","y"]}`), nil, Persisted{Writes: 1}); err == nil {
 		t.Fatal("claimed more proposals than were accepted")
 	}
 }

@@ -302,9 +302,6 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 		}
 		final := FinalAnswer(output)
 		persisted := r.check.Categories()
-		if r.cap.Type == "product_ingest" {
-			persisted = make([]string, r.acceptedWrites())
-		}
 		missing := slices.ContainsFunc(manifest.Categories, func(c string) bool { return !slices.Contains(persisted, c) })
 		if final == nil && missing && r.cap.Resumable && run < r.cfg.MaxResumes {
 			if session == "" {
@@ -315,7 +312,7 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 			r.emit("resume", map[string]any{"session": session, "persisted": persisted})
 			continue
 		}
-		result, err := r.cap.Gate(final, manifest.Categories, persisted)
+		result, err := r.cap.Gate(final, manifest.Categories, Persisted{Categories: persisted, Writes: r.acceptedWrites()})
 		if err != nil {
 			return Outcome{Status: "failed", Reason: err.Error()}, nil
 		}
