@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,12 +19,12 @@ import (
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/hosttest"
 	"hermeshost/pg/pgtest"
 	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
 	"hermeshost/sartiq/backend/backendtest"
 	"hermeshost/scriptedagent"
-	"hermeshost/service"
 )
 
 var binDir string
@@ -37,14 +35,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
-	for name, pkg := range map[string]string{"hermes-host": "../cmd/hermes-host", "scripted-agent": "../cmd/scripted-agent"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build", name, err)
-			os.Exit(1)
-		}
+	if err := hosttest.BuildBinaries(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := pgtest.Run(m)
 	os.RemoveAll(dir)
@@ -78,21 +71,9 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	demo := httptest.NewServer(gateway.Demo())
-	t.Cleanup(demo.Close)
-	gw, err := gateway.New(gateway.Config{
-		UpstreamURL: demo.URL + "/v1", Secret: "gw-secret", HostKey: "host-key",
-		OrgRPS: 1000, OrgBurst: 1000, OrgConcurrency: 16, MaxRequestBytes: 1 << 20,
-		Ops: service.NewOps(slog.New(slog.DiscardHandler)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwSrv := httptest.NewServer(gw.Handler())
-	t.Cleanup(gwSrv.Close)
-	gatewayURL := gwSrv.URL
+	gatewayURL := hosttest.DemoGateway(t, "gw-secret", "host-key")
 	if !gatewayUp {
-		gwSrv.Close()
+		gatewayURL = "http://127.0.0.1:1" // nothing listens there
 	}
 	_, db := pgtest.Schema(t)
 	root := t.TempDir()

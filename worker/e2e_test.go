@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,12 +17,12 @@ import (
 
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/hosttest"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
 	"hermeshost/sartiq/backend/backendtest"
 	"hermeshost/scriptedagent"
-	"hermeshost/service"
 	"hermeshost/worker"
 )
 
@@ -33,23 +31,6 @@ import (
 // for the Hermes CLI.
 
 var binDir string
-
-func buildBinaries() error {
-	dir, err := os.MkdirTemp("", "hermes-worker-e2e")
-	if err != nil {
-		return err
-	}
-	binDir = dir
-	for name, pkg := range map[string]string{"hermes-host": "../cmd/hermes-host", "scripted-agent": "../cmd/scripted-agent"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("build %s: %w", name, err)
-		}
-	}
-	return nil
-}
 
 const gatewaySecret = "test-gateway-secret"
 
@@ -72,18 +53,7 @@ func newWorld(t *testing.T, kind string) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	demo := httptest.NewServer(gateway.Demo())
-	t.Cleanup(demo.Close)
-	gw, err := gateway.New(gateway.Config{
-		UpstreamURL: demo.URL + "/v1", Secret: gatewaySecret, HostKey: "host-key",
-		OrgRPS: 1000, OrgBurst: 1000, OrgConcurrency: 16, MaxRequestBytes: 1 << 20,
-		Ops: service.NewOps(slog.New(slog.DiscardHandler)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwSrv := httptest.NewServer(gw.Handler())
-	t.Cleanup(gwSrv.Close)
+	gatewayURL := hosttest.DemoGateway(t, gatewaySecret, "host-key")
 	root := t.TempDir()
 	for _, org := range []string{"acme", "globex"} {
 		if err := os.MkdirAll(filepath.Join(root, "orgs", org), 0o700); err != nil {
@@ -112,7 +82,7 @@ func newWorld(t *testing.T, kind string) *world {
 		_ = rt.Stop(context.Background(), "globex", runtime.RoleWorker)
 		rt.Close()
 	})
-	return &world{t: t, backend: b, bot: bot, gateway: gwSrv.URL, orgsRoot: filepath.Join(root, "orgs"), rt: rt}
+	return &world{t: t, backend: b, bot: bot, gateway: gatewayURL, orgsRoot: filepath.Join(root, "orgs"), rt: rt}
 }
 
 func (w *world) home(org string) string { return filepath.Join(w.orgsRoot, org) }

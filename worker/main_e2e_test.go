@@ -6,11 +6,18 @@ import (
 	"os"
 	"testing"
 
+	"hermeshost/internal/hosttest"
 	"hermeshost/pg/pgtest"
 )
 
 func TestMain(m *testing.M) {
-	if err := buildBinaries(); err != nil {
+	dir, err := os.MkdirTemp("", "hermes-worker-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	if err := hosttest.BuildBinaries(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
