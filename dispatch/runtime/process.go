@@ -460,9 +460,19 @@ func groupResident(pgid int) int64 {
 	return total
 }
 
+// killGroup kills every process of the group and waits, briefly, until the kernel has
+// taken them all: SIGKILL is delivered asynchronously, so a grandchild can still be dying
+// when its parent has already been reaped, and "cancel kills everything" must hold when the
+// exec returns.
 func killGroup(pgid int) {
-	// ESRCH only says the group is already gone.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		// ESRCH says the group is gone.
+		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func exitCode(state *os.ProcessState) int {
