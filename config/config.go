@@ -100,6 +100,20 @@ var (
 		Usage: "how often a worker resumes an agent session that stopped at its turn limit with work left"})
 	PollInterval = define(Var{Name: "POLL_INTERVAL", Default: "5s",
 		Usage: "how often the dispatcher polls the backend's queue"})
+	JobGrace = define(Var{Name: "JOB_GRACE", Default: "20s",
+		Usage: "how long a stopping dispatcher lets jobs in flight run on before it has them released (not counted as attempts)"})
+	LeaseTTL = define(Var{Name: "LEASE_TTL", Default: "15s",
+		Usage: "lifetime of the dispatcher's org: and home: leases, refreshed every third of it; a dead replica's orgs are taken over after it"})
+	MaxOrgs = define(Var{Name: "MAX_ORGS", Default: "32",
+		Usage: "how many organizations one dispatcher owns at once (at most one job in flight each)"})
+	WorkerIdleTimeout = define(Var{Name: "WORKER_IDLE_TIMEOUT", Default: "10m",
+		Usage: "an org's worker with no job for this long is stopped by the reaper"})
+	ControlAddr = define(Var{Name: "CONTROL_ADDR", Default: "127.0.0.1:8092",
+		Usage: "the dispatcher's internal address: the control API for per-org processes, /healthz and /metrics"})
+	ControlURL = define(Var{Name: "CONTROL_URL",
+		Usage: "the control API as org containers reach it; default http://CONTROL_ADDR"})
+	ControlSecret = define(Var{Name: "CONTROL_SECRET",
+		Usage: "derives the per-org control API keys; replicas share it (the dispatcher makes one per run when unset)"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",

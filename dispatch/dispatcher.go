@@ -2,35 +2,45 @@
 // gate, claims (when CLAIM_ENABLED), runs each organization's jobs one at a time in that
 // org's worker through a container runtime, and records claims and the workers' progress in
 // the host's job mirror.
+//
+// Replicas share organizations through org:<id> leases: a dispatcher claims only for orgs
+// it owns, and a new owner first makes sure the backend shows no CLAIMED or RUNNING job for
+// the org. Every job runs under the org's home:<org> lease as well (one agent per home, a
+// chat turn included), fenced by its epoch.
 package dispatch
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
-	"hermeshost/orghome"
+	"hermeshost/lease"
 	"hermeshost/sartiq"
 	"hermeshost/service"
-	"hermeshost/worker"
 )
 
 // JobTypes are the types polled, one list request each (the API's type defaults to one).
 var JobTypes = []string{sartiq.TypeProductIngest, sartiq.TypeGuidelinesExtraction}
+
+// Defaults for Config's zero values.
+const (
+	DefaultLeaseTTL    = 15 * time.Second
+	DefaultMaxOrgs     = 32
+	DefaultMaxAttempts = 3
+	// maxPages bounds one poll's pages per type (100 jobs each).
+	maxPages = 50
+)
 
 // Config is one dispatcher's settings.
 type Config struct {
@@ -40,6 +50,8 @@ type Config struct {
 	APIURL  string
 	Runtime runtime.Runtime
 	DB      *pgxpool.Pool
+	// Leases is the lease store on DB; New makes one when nil.
+	Leases *lease.Store
 	// OrgsRoot is the host path of the org homes, for SOUL.md before a worker starts.
 	OrgsRoot string
 
@@ -49,23 +61,53 @@ type Config struct {
 	WorkerModel   string
 	VisionModel   string
 
+	// ControlURL is the control API as an org's container reaches it; ControlKey mints the
+	// per-org key handed to it with each job. Both empty: workers get no control API.
+	ControlURL string
+	ControlKey func(org string) (string, error)
+
 	ClaimEnabled bool
 	// MaxAttempts is how many crashed or failed runs a job may have; past it recovery
 	// re-claims the stale job and fails it with the reason.
 	MaxAttempts int
+	// LeaseTTL is the lifetime of the org: and home: leases, refreshed every third of it.
+	LeaseTTL time.Duration
+	// MaxOrgs is how many orgs this dispatcher owns at once.
+	MaxOrgs int
+	// OrgIdle is how long an owned org may show no work before its lease is given up, so
+	// that replicas share orgs (default four LeaseTTLs).
+	OrgIdle time.Duration
 	// WorkerEnv is passed to every run-job besides what the dispatcher sets (for example
 	// HEARTBEAT_INTERVAL, MAX_TURNS, HERMES_BIN).
-	WorkerEnv []string
-	Log       *slog.Logger
-	HTTP      *http.Client
+	WorkerEnv  []string
+	Log        *slog.Logger
+	HTTP       *http.Client
+	Registerer prometheus.Registerer
 }
 
-// Dispatcher runs the cycle. At most one job per org is in flight.
+// Dispatcher runs the cycle. At most one job per org is in flight, and only for orgs whose
+// org: lease it holds.
 type Dispatcher struct {
-	cfg      Config
+	cfg       Config
+	leases    *lease.Store
+	ownLeases bool // made by New, closed by Close
+	holder    string
+	metrics   *metrics
+
 	mu       sync.Mutex
-	inFlight map[string]bool
+	owned    map[string]*ownership
+	inFlight map[string]*delivery
+	stopping bool
+
+	// hard ends every delivery at once: the last step of a shutdown.
+	hard     context.Context
+	hardStop context.CancelFunc
 	wg       sync.WaitGroup
+}
+
+type ownership struct {
+	lease    lease.Lease
+	lastWork time.Time
 }
 
 // New is a Dispatcher on cfg.
@@ -73,302 +115,380 @@ func New(cfg Config) *Dispatcher {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 10 * time.Second}
 	}
-	return &Dispatcher{cfg: cfg, inFlight: map[string]bool{}}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.MaxOrgs <= 0 {
+		cfg.MaxOrgs = DefaultMaxOrgs
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.OrgIdle <= 0 {
+		cfg.OrgIdle = 4 * cfg.LeaseTTL
+	}
+	leases := cfg.Leases
+	if leases == nil {
+		leases = lease.New(cfg.DB, lease.Options{Log: cfg.Log})
+	}
+	hard, hardStop := context.WithCancel(context.Background())
+	return &Dispatcher{
+		cfg: cfg, leases: leases, ownLeases: cfg.Leases == nil, metrics: newMetrics(cfg.Registerer),
+		// One holder name per process: a restarted dispatcher with the same instance name
+		// waits out its predecessor's leases instead of taking them as its own.
+		holder:   fmt.Sprintf("dispatcher/%s/%d-%s", cfg.Instance, os.Getpid(), rand.Text()[:6]),
+		owned:    map[string]*ownership{},
+		inFlight: map[string]*delivery{},
+		hard:     hard, hardStop: hardStop,
+	}
 }
+
+// Close releases what New made (its lease store's listener). Call it after Shutdown or Wait.
+func (d *Dispatcher) Close() {
+	if d.ownLeases {
+		d.leases.Close()
+	}
+}
+
+// Holder is the name this dispatcher holds its leases under.
+func (d *Dispatcher) Holder() string { return d.holder }
 
 // ErrGateClosed: the gateway is down or does not serve both models; nothing was polled.
 var ErrGateClosed = errors.New("gateway gate closed")
 
-// Cycle is one poll: the gateway gate first, then one list request per job type, then a
-// claim (or, with claiming off, a log line) for each queued job of an org that has none in
-// flight. It returns how many jobs it started.
+// snapshot is one poll: every QUEUED, CLAIMED and RUNNING job, by org, in the backend's
+// order (oldest first).
+type snapshot struct {
+	orgs   []string
+	queued map[string][]sartiq.Job
+	active map[string][]sartiq.Job
+}
+
+// Cycle is one poll: the gateway gate first, then one list request per job type (more only
+// when a page is full), then for each org with work: ownership, recovery of a stale job, or
+// a claim. With claiming off it only logs what it would claim. It returns how many jobs it
+// started.
 func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
+	if d.isStopping() {
+		return 0, nil
+	}
+	began := time.Now()
+	defer func() { d.metrics.cycle.Observe(time.Since(began).Seconds()) }()
 	if err := gateway.Gate(ctx, d.cfg.HTTP, d.cfg.GatewayURL, d.cfg.GatewayKey.Reveal(), d.cfg.WorkerModel, d.cfg.VisionModel); err != nil {
+		d.metrics.gateClosed.Inc()
 		return 0, fmt.Errorf("%w: %v", ErrGateClosed, err)
 	}
-	started := 0
-	recovered, err := d.recover(ctx)
-	started += recovered
+	snap, err := d.poll(ctx, sartiq.ListJobsParams{Status: sartiq.StatusQueued + "," + sartiq.StatusClaimed + "," + sartiq.StatusRunning})
 	if err != nil {
-		return started, err
+		return 0, err
 	}
-	for _, typ := range JobTypes {
-		page, err := d.cfg.Bot.ListJobs(ctx, sartiq.ListJobsParams{Status: sartiq.StatusQueued, Type: typ, Limit: 100})
-		if err != nil {
-			return started, fmt.Errorf("poll %s jobs: %w", typ, err)
-		}
-		for _, job := range page.Jobs {
-			if !d.cfg.ClaimEnabled {
-				d.cfg.Log.Info("CLAIM_ENABLED=false: would claim", "job", job.ID, "type", job.Type, "org", job.OrganizationID)
-				continue
+	if !d.cfg.ClaimEnabled {
+		for _, org := range snap.orgs {
+			for _, job := range snap.queued[org] {
+				d.cfg.Log.Info("CLAIM_ENABLED=false: would claim", "job", job.ID, "type", job.Type, "org", org)
 			}
-			if !d.reserve(job.OrganizationID) {
-				continue
-			}
-			claim, err := d.cfg.Bot.Claim(ctx, job.ID)
-			if err != nil {
-				d.release(job.OrganizationID)
-				if sartiq.IsConflict(err) {
-					continue // another claimant won
+			for _, job := range snap.active[org] {
+				if job.Stale {
+					d.cfg.Log.Info("CLAIM_ENABLED=false: would re-claim a stale job", "job", job.ID, "org", org)
 				}
-				return started, fmt.Errorf("claim job %s: %w", job.ID, err)
 			}
-			d.start(ctx, claim, "claim")
+		}
+		return 0, nil
+	}
+	started := 0
+	var errs []error
+	for _, org := range snap.orgs {
+		if d.isStopping() || ctx.Err() != nil {
+			break
+		}
+		ok, err := d.work(ctx, org, snap)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
 			started++
 		}
 	}
-	return started, nil
+	d.releaseIdle(ctx, snap)
+	return started, errors.Join(errs...)
 }
 
-// recover re-claims jobs whose worker died: CLAIMED or RUNNING jobs the backend reports
-// stale. The job's event log in the backend is the attempt count (it survives any host
-// restart): each re-claim says the attempt before it crashed, and the stale attempt itself
-// crashed too. Below MaxAttempts the job runs again; at the cap it is re-claimed and failed
-// at once with the reason, with the fresh token.
-func (d *Dispatcher) recover(ctx context.Context) (int, error) {
-	started := 0
+// poll lists jobs of every type with p's filter, following cursors.
+func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapshot, error) {
+	snap := &snapshot{queued: map[string][]sartiq.Job{}, active: map[string][]sartiq.Job{}}
+	seen := map[string]bool{}
 	for _, typ := range JobTypes {
-		page, err := d.cfg.Bot.ListJobs(ctx, sartiq.ListJobsParams{Status: sartiq.StatusClaimed + "," + sartiq.StatusRunning, Type: typ, Limit: 100})
+		p.Type, p.Limit, p.Cursor = typ, 100, ""
+		for page := 0; ; page++ {
+			res, err := d.cfg.Bot.ListJobs(ctx, p)
+			if err != nil {
+				return nil, fmt.Errorf("poll %s jobs: %w", typ, err)
+			}
+			for _, job := range res.Jobs {
+				org := job.OrganizationID
+				if !seen[org] {
+					seen[org] = true
+					snap.orgs = append(snap.orgs, org)
+				}
+				if job.Status == sartiq.StatusQueued {
+					snap.queued[org] = append(snap.queued[org], job)
+				} else {
+					snap.active[org] = append(snap.active[org], job)
+				}
+			}
+			if res.NextCursor == "" {
+				break
+			}
+			if page+1 >= maxPages {
+				d.cfg.Log.Warn("poll stopped at its page limit; the rest waits for the next cycle", "type", typ, "pages", maxPages)
+				break
+			}
+			p.Cursor = res.NextCursor
+		}
+	}
+	return snap, nil
+}
+
+// work takes one step for org: nothing while a job of its is in flight here or while
+// another replica owns it; else, under its org: lease, re-claim a stale job or claim the
+// oldest queued one. It reports whether a job started.
+func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool, error) {
+	d.mu.Lock()
+	if _, busy := d.inFlight[org]; busy {
+		if o := d.owned[org]; o != nil {
+			o.lastWork = time.Now()
+		}
+		d.mu.Unlock()
+		return false, nil
+	}
+	o := d.owned[org]
+	full := len(d.owned) >= d.cfg.MaxOrgs
+	d.mu.Unlock()
+
+	active := snap.active[org]
+	if o == nil {
+		if full {
+			return false, nil
+		}
+		l, err := d.leases.TryAcquire(ctx, "org:"+org, d.holder, d.cfg.LeaseTTL)
+		if errors.Is(err, lease.ErrHeld) {
+			return false, nil // another replica's
+		}
 		if err != nil {
-			return started, fmt.Errorf("poll stale %s jobs: %w", typ, err)
+			return false, fmt.Errorf("own org %s: %w", org, err)
 		}
-		for _, job := range page.Jobs {
-			if !job.Stale {
-				continue
-			}
-			if !d.cfg.ClaimEnabled {
-				d.cfg.Log.Info("CLAIM_ENABLED=false: would re-claim a stale job", "job", job.ID, "org", job.OrganizationID)
-				continue
-			}
-			if !d.reserve(job.OrganizationID) {
-				continue
-			}
-			events, err := d.cfg.Bot.ListEvents(ctx, job.ID)
-			if err != nil {
-				d.release(job.OrganizationID)
-				return started, fmt.Errorf("attempts of job %s: %w", job.ID, err)
-			}
-			crashed := 1
-			for _, e := range events {
-				if e.Kind == sartiq.EventReclaim {
-					crashed++
-				}
-			}
-			claim, err := d.cfg.Bot.Reclaim(ctx, job.ID)
-			if err != nil {
-				d.release(job.OrganizationID)
-				if sartiq.IsConflict(err) {
-					continue
-				}
-				return started, fmt.Errorf("re-claim job %s: %w", job.ID, err)
-			}
-			if crashed >= d.cfg.MaxAttempts {
-				if err := d.recordClaim(ctx, claim, "reclaim"); err != nil {
-					d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
-				}
-				d.giveUp(ctx, claim, crashed)
-				d.release(job.OrganizationID)
-				continue
-			}
-			d.cfg.Log.Warn("re-claimed a stale job", "job", job.ID, "org", job.OrganizationID, "crashed_attempts", crashed)
-			d.start(ctx, claim, "reclaim")
-			started++
+		o = &ownership{lease: l, lastWork: time.Now()}
+		d.mu.Lock()
+		d.owned[org] = o
+		d.metrics.owned.Set(float64(len(d.owned)))
+		d.mu.Unlock()
+		d.cfg.Log.Info("org owned", "org", org, "epoch", l.Epoch)
+		// The poll predates the ownership: a previous owner may have claimed since. What
+		// the backend says now decides.
+		if active, err = d.activeJobs(ctx, org); err != nil {
+			return false, err
 		}
 	}
-	return started, nil
+	d.mu.Lock()
+	o.lastWork = time.Now()
+	d.mu.Unlock()
+	for _, job := range active {
+		if !job.Stale {
+			// A worker is alive on it (ours that just ended has reported by now, so
+			// this is someone else's, or a crashed one not yet stale).
+			return false, nil
+		}
+	}
+	if len(active) > 0 {
+		return d.recover(ctx, org, active[0])
+	}
+	for _, job := range snap.queued[org] {
+		ok, err := d.claim(ctx, org, job)
+		if ok || err != nil {
+			return ok, err
+		}
+	}
+	return false, nil
 }
 
-func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
-	reason := fmt.Sprintf("gave up after %d crashed attempts (MAX_ATTEMPTS=%d)", crashed, d.cfg.MaxAttempts)
-	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
-	if err == nil {
-		_, err = api.Fail(ctx, c.Job.ID, reason)
-	}
+// activeJobs asks the backend for org's CLAIMED and RUNNING jobs.
+func (d *Dispatcher) activeJobs(ctx context.Context, org string) ([]sartiq.Job, error) {
+	snap, err := d.poll(ctx, sartiq.ListJobsParams{Status: sartiq.StatusClaimed + "," + sartiq.StatusRunning, OrganizationID: org})
 	if err != nil {
-		d.cfg.Log.Error("fail a job past its attempts", "job", c.Job.ID, "err", err)
-		return
+		return nil, fmt.Errorf("check org %s as its new owner: %w", org, err)
 	}
-	if _, err := d.cfg.DB.Exec(ctx, `
-WITH a AS (UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2)
-UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE job_id = $1`, c.Job.ID, c.Job.Attempt, reason); err != nil {
-		d.cfg.Log.Error("record giving up", "job", c.Job.ID, "err", err)
-	}
-	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
+	return snap.active[org], nil
 }
 
-// start records a claim and delivers it in the background; the org's slot, reserved by the
-// caller, is freed when the delivery ends. Deliveries outlive ctx: a job in flight is not
-// cut off by the end of the cycle that claimed it.
-func (d *Dispatcher) start(ctx context.Context, claim *sartiq.Claim, kind string) {
-	if err := d.recordClaim(ctx, claim, kind); err != nil {
-		d.cfg.Log.Error("record "+kind, "job", claim.Job.ID, "err", err)
+// prepareClaim takes what a claim for org needs before it is made: the org: lease still
+// ours (refreshed, so a replica that woke late finds out here) and the home: lease. It
+// returns the org's slot reserved, or ok false when the org is not to be claimed for now.
+func (d *Dispatcher) prepareClaim(ctx context.Context, org string) (*delivery, bool, error) {
+	d.mu.Lock()
+	o := d.owned[org]
+	if d.stopping || o == nil || d.inFlight[org] != nil {
+		d.mu.Unlock()
+		return nil, false, nil
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		defer d.release(claim.OrganizationID)
-		d.deliver(context.WithoutCancel(ctx), claim)
+	dl := newDelivery(d.hard)
+	d.inFlight[org] = dl
+	d.metrics.inFlight.Set(float64(len(d.inFlight)))
+	held := o.lease
+	d.mu.Unlock()
+	ok := false
+	defer func() {
+		if !ok {
+			d.free(org, dl)
+		}
 	}()
+	refreshed, err := d.leases.Refresh(ctx, held, d.cfg.LeaseTTL)
+	if errors.Is(err, lease.ErrLost) {
+		d.disown(org, "the org lease was lost")
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("refresh org %s: %w", org, err)
+	}
+	d.mu.Lock()
+	if d.owned[org] == o {
+		o.lease = refreshed
+	}
+	d.mu.Unlock()
+	home, err := d.leases.TryAcquire(ctx, "home:"+org, d.holder, d.cfg.LeaseTTL)
+	if errors.Is(err, lease.ErrHeld) {
+		d.cfg.Log.Info("org home busy (a chat turn or another agent); the job waits", "org", org, "err", err)
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("take home:%s: %w", org, err)
+	}
+	dl.home = home
+	ok = true
+	return dl, true, nil
 }
 
-// Wait waits for the jobs in flight.
-func (d *Dispatcher) Wait() { d.wg.Wait() }
+// claim claims job for org and starts it. ok false with no error: not claimed (the org is
+// not ours or busy, or another claimant won the job).
+func (d *Dispatcher) claim(ctx context.Context, org string, job sartiq.Job) (bool, error) {
+	dl, ok, err := d.prepareClaim(ctx, org)
+	if !ok {
+		return false, err
+	}
+	c, err := d.cfg.Bot.Claim(ctx, job.ID)
+	if err != nil {
+		d.abandon(org, dl)
+		if sartiq.IsConflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("claim job %s: %w", job.ID, err)
+	}
+	d.metrics.claims.WithLabelValues("claim").Inc()
+	d.start(ctx, dl, c, "claim")
+	return true, nil
+}
 
-func (d *Dispatcher) reserve(org string) bool {
+// abandon frees a reserved slot whose claim did not happen, giving the home lease back.
+func (d *Dispatcher) abandon(org string, dl *delivery) {
+	if dl.home.Key != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := d.leases.Release(ctx, dl.home); err != nil && !errors.Is(err, lease.ErrLost) {
+			d.cfg.Log.Warn("release home lease", "org", org, "err", err)
+		}
+	}
+	d.free(org, dl)
+}
+
+func (d *Dispatcher) free(org string, dl *delivery) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.inFlight[org] {
-		return false
+	if d.inFlight[org] == dl {
+		delete(d.inFlight, org)
 	}
-	d.inFlight[org] = true
-	return true
+	d.metrics.inFlight.Set(float64(len(d.inFlight)))
 }
 
-func (d *Dispatcher) release(org string) {
+func (d *Dispatcher) disown(org, why string) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.inFlight, org)
+	delete(d.owned, org)
+	d.metrics.owned.Set(float64(len(d.owned)))
+	d.mu.Unlock()
+	d.cfg.Log.Warn("org no longer owned", "org", org, "reason", why)
 }
 
-func (d *Dispatcher) recordClaim(ctx context.Context, c *sartiq.Claim, kind string) error {
-	_, err := d.cfg.DB.Exec(ctx, `
-WITH a AS (
-    INSERT INTO claim_attempts (job_id, org, attempt, instance, kind) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (job_id, attempt) DO NOTHING
-), m AS (
-    INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ($1, $2, $6, 'CLAIMED', $3)
-    ON CONFLICT (job_id) DO UPDATE SET status = 'CLAIMED', attempt = EXCLUDED.attempt, updated_at = now()
-)
-SELECT 1`, c.Job.ID, c.OrganizationID, c.Job.Attempt, d.cfg.Instance, kind, c.Job.Type)
-	if err != nil {
-		return fmt.Errorf("record %s of job %s: %w", kind, c.Job.ID, err)
-	}
-	return d.mirrorEvent(ctx, c.Job.ID, c.Job.Attempt, kind, map[string]any{"instance": d.cfg.Instance})
-}
-
-func (d *Dispatcher) mirrorEvent(ctx context.Context, job string, attempt int, kind string, data any) error {
-	raw, err := json.Marshal(data)
-	if err != nil {
-		return err
-	}
-	_, err = d.cfg.DB.Exec(ctx, `INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ($1, $2, $3, $4)`, job, attempt, kind, raw)
-	if err != nil {
-		return fmt.Errorf("mirror event of job %s: %w", job, err)
-	}
-	return nil
-}
-
-// deliver ensures the org's identity and worker, execs run-job with the token in the exec
-// environment only, records each progress line, and records the outcome.
-func (d *Dispatcher) deliver(ctx context.Context, c *sartiq.Claim) {
-	log := d.cfg.Log.With("job", c.Job.ID, "org", c.OrganizationID)
-	outcome, reason := d.run(ctx, c, log)
-	if _, err := d.cfg.DB.Exec(ctx, `
-WITH a AS (
-    UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2
-)
-UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), updated_at = now() WHERE job_id = $1`,
-		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome)); err != nil {
-		log.Error("record outcome", "err", err)
-	}
-	log.Info("job outcome", "outcome", outcome, "reason", reason)
-}
-
-// mirrorStatus is the backend status a worker outcome leaves the job in.
-func mirrorStatus(outcome string) string {
-	switch outcome {
-	case "completed":
-		return sartiq.StatusCompleted
-	case "failed":
-		return sartiq.StatusFailed
-	case "released", "taken_away":
-		return sartiq.StatusQueued
-	}
-	// crashed or unreported: still RUNNING at the backend until recovery re-claims it.
-	return sartiq.StatusRunning
-}
-
-func (d *Dispatcher) run(ctx context.Context, c *sartiq.Claim, log *slog.Logger) (outcome, reason string) {
-	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
-	// An org's first job makes its home; the id was validated by the backend and is checked
-	// again by OpenHome.
-	if err := orghome.ValidID(c.OrganizationID); err != nil {
-		return "crashed", err.Error()
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err)
-	}
-	home, err := orghome.OpenHome(c.OrganizationID, dir)
-	if err != nil {
-		return "crashed", err.Error()
-	}
-	_, err = home.EnsureSoul(orghome.Identity{OrgID: c.OrganizationID, DisplayName: c.OrganizationID})
-	home.Close()
-	if err != nil {
-		return "crashed", err.Error()
-	}
-	if _, err := d.cfg.Runtime.EnsureWorker(ctx, c.OrganizationID); err != nil {
-		return "crashed", err.Error()
-	}
-	key, err := gateway.OrgKey(d.cfg.GatewaySecret.Reveal(), c.OrganizationID)
-	if err != nil {
-		return "crashed", err.Error()
-	}
-	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL})
-	env := append([]string{
-		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + d.cfg.APIURL,
-		"GATEWAY_URL=" + d.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + d.cfg.WorkerModel,
-	}, d.cfg.WorkerEnv...)
-	pr, pw := io.Pipe()
-	var stderr bytes.Buffer
-	done := make(chan string, 1)
-	go func() { done <- d.record(ctx, c, pr) }()
-	st, err := d.cfg.Runtime.Exec(ctx, c.OrganizationID, runtime.Command{
-		Args: []string{"hermes-host", "worker", "run-job"}, Env: env,
-		Stdin: bytes.NewReader(assignment), Stdout: pw, Stderr: &stderr,
-	})
-	pw.Close()
-	status := <-done
-	if err != nil {
-		return "crashed", err.Error()
-	}
-	if status == "" {
-		status = "crashed"
-	}
-	if st.Code != 0 && status == "crashed" {
-		tail := stderr.Bytes()
-		if len(tail) > 500 {
-			tail = tail[len(tail)-500:]
-		}
-		log.Warn("worker exited", "status", st.String(), "stderr", string(tail))
-		return status, st.String()
-	}
-	return status, ""
-}
-
-// record mirrors every JSON progress line of the worker and returns its outcome status.
-func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, r io.Reader) string {
-	status := ""
-	lines := bufio.NewScanner(r)
-	lines.Buffer(make([]byte, 64<<10), 1<<20)
-	for lines.Scan() {
-		var ev struct {
-			Event string          `json:"event"`
-			Data  json.RawMessage `json:"data"`
-		}
-		if json.Unmarshal(lines.Bytes(), &ev) != nil || ev.Event == "" {
+// releaseIdle gives up orgs that showed no work for OrgIdle, so replicas share orgs.
+func (d *Dispatcher) releaseIdle(ctx context.Context, snap *snapshot) {
+	now := time.Now()
+	var idle []lease.Lease
+	d.mu.Lock()
+	for org, o := range d.owned {
+		if d.inFlight[org] != nil || len(snap.queued[org])+len(snap.active[org]) > 0 || now.Sub(o.lastWork) < d.cfg.OrgIdle {
 			continue
 		}
-		if err := d.mirrorEvent(ctx, c.Job.ID, c.Job.Attempt, ev.Event, ev.Data); err != nil {
-			d.cfg.Log.Warn("mirror progress", "job", c.Job.ID, "err", err)
+		idle = append(idle, o.lease)
+		delete(d.owned, org)
+	}
+	d.metrics.owned.Set(float64(len(d.owned)))
+	d.mu.Unlock()
+	for _, l := range idle {
+		if err := d.leases.Release(ctx, l); err != nil && !errors.Is(err, lease.ErrLost) {
+			d.cfg.Log.Warn("give up an idle org", "key", l.Key, "err", err)
 		}
-		if ev.Event == "outcome" {
-			var out worker.Outcome
-			if json.Unmarshal(ev.Data, &out) == nil {
-				status = out.Status
+	}
+}
+
+// KeepOwnership refreshes the org: leases every third of LeaseTTL until ctx ends; an org
+// whose lease was lost is dropped (its job in flight, if any, runs on under its home:
+// lease, and the next owner waits for it to end).
+func (d *Dispatcher) KeepOwnership(ctx context.Context) {
+	t := time.NewTicker(d.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		held := make(map[string]lease.Lease, len(d.owned))
+		for org, o := range d.owned {
+			held[org] = o.lease
+		}
+		d.mu.Unlock()
+		for org, l := range held {
+			next, err := d.leases.Refresh(ctx, l, d.cfg.LeaseTTL)
+			switch {
+			case err == nil:
+				d.mu.Lock()
+				if o := d.owned[org]; o != nil && o.lease.Epoch == l.Epoch {
+					o.lease = next
+				}
+				d.mu.Unlock()
+			case errors.Is(err, lease.ErrLost):
+				d.disown(org, "the org lease was lost")
+			case ctx.Err() == nil:
+				d.cfg.Log.Warn("refresh org lease", "key", l.Key, "err", err)
 			}
 		}
 	}
-	_, _ = io.Copy(io.Discard, r)
-	return status
+}
+
+// Owned lists the orgs this dispatcher owns.
+func (d *Dispatcher) Owned() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.owned))
+	for org := range d.owned {
+		out = append(out, org)
+	}
+	return out
+}
+
+func (d *Dispatcher) isStopping() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stopping
 }

@@ -101,6 +101,13 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 	}}
 }
 
+// dispatcher is a new dispatcher on the fixture's settings, closed when the test ends.
+func (f *fixture) dispatcher(t *testing.T) *dispatch.Dispatcher {
+	d := dispatch.New(f.cfg)
+	t.Cleanup(d.Close)
+	return d
+}
+
 func (f *fixture) statuses(t *testing.T) map[string]int {
 	t.Helper()
 	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs GROUP BY status`)
@@ -122,7 +129,7 @@ func (f *fixture) statuses(t *testing.T) map[string]int {
 
 func TestClaimDisabledClaimsNothing(t *testing.T) {
 	f := newFixture(t, true)
-	d := dispatch.New(f.cfg)
+	d := f.dispatcher(t)
 	n, err := d.Cycle(context.Background())
 	if err != nil || n != 0 {
 		t.Fatalf("cycle: %d %v", n, err)
@@ -138,7 +145,7 @@ func TestClaimDisabledClaimsNothing(t *testing.T) {
 func TestGatewayDownMeansNoPollNoClaim(t *testing.T) {
 	f := newFixture(t, false)
 	f.cfg.ClaimEnabled = true
-	d := dispatch.New(f.cfg)
+	d := f.dispatcher(t)
 	if _, err := d.Cycle(context.Background()); err == nil || !strings.Contains(err.Error(), "gateway gate closed") {
 		t.Fatalf("cycle with the gateway down: %v", err)
 	}
@@ -151,7 +158,7 @@ func TestGatewayDownMeansNoPollNoClaim(t *testing.T) {
 	}
 	f2 := newFixture(t, true)
 	f2.cfg.ClaimEnabled, f2.cfg.VisionModel = true, "no-such-vision-model"
-	if _, err := dispatch.New(f2.cfg).Cycle(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-vision-model") {
+	if _, err := f2.dispatcher(t).Cycle(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-vision-model") {
 		t.Fatalf("cycle with a model missing: %v", err)
 	}
 	if st := f2.statuses(t); st[sartiq.StatusQueued] != 4 {
@@ -162,7 +169,7 @@ func TestGatewayDownMeansNoPollNoClaim(t *testing.T) {
 func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
 	f := newFixture(t, true)
 	f.cfg.ClaimEnabled = true
-	d := dispatch.New(f.cfg)
+	d := f.dispatcher(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
 	for f.statuses(t)[sartiq.StatusCompleted] < 4 && time.Now().Before(deadline) {
@@ -217,11 +224,11 @@ func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
 			break
 		}
 		// A new dispatcher every cycle: nothing but the backend's log and Postgres carries over.
-		d := dispatch.New(f.cfg)
+		d := f.dispatcher(t)
 		if _, err := d.Cycle(ctx); err != nil {
 			t.Fatal(err)
 		}
-		d.Wait()
+		d.Shutdown(time.Minute, time.Minute)     // a restart: the org leases are given up
 		f.backend.Clock.Advance(2 * time.Minute) // the crashed workers' jobs go stale
 	}
 	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {

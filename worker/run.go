@@ -32,6 +32,7 @@ type Assignment struct {
 	Job            sartiq.Job `json:"job"`
 	OrganizationID string     `json:"organization_id"`
 	ManifestURL    string     `json:"manifest_url"`
+	HoldStdin      bool       `json:"hold_stdin,omitempty"`
 }
 
 // Config is one worker's settings.

@@ -28,6 +28,7 @@ func devCommand() *cli.Command {
 			orgsRoot := fs.String("orgs-root", ".run/orgs", "where the demo organizations' homes are made")
 			gw := gatewaySettings{upstream: demoUpstream}
 			fs.StringVar(&gw.addr, "gateway-addr", "127.0.0.1:8091", "listen address of the model gateway, which serves the demo upstream (port 0 picks one)")
+			controlAddr := fs.String("control-addr", "127.0.0.1:8092", "listen address of the dispatcher's control API, /healthz and /metrics (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return cli.Usagef("dev takes no arguments")
@@ -101,12 +102,13 @@ func devCommand() *cli.Command {
 					return err
 				}
 				ds.dbURL, ds.apiURL, ds.bot = url, backendSrv.URL(), bs.cfg.BotToken
+				ds.controlAddr = *controlAddr
 				ds.gatewayURL, ds.gatewayKey, ds.gatewaySec = gatewayURL, gw.hostKey, gw.secret
 				if _, set := os.LookupEnv(config.HermesBin.Name); !set {
 					// Offline, the scripted agent built beside hermes-host plays Hermes.
 					ds.workerEnv = append(ds.workerEnv, config.HermesBin.Name+"=scripted-agent")
 				}
-				g.Go(func() error { return runDispatcher(gctx, log, ds) })
+				g.Go(func() error { return runDispatcher(gctx, log, ds, nil) })
 				return g.Wait()
 			}
 		},

@@ -13,6 +13,7 @@ import (
 	"hermeshost/config"
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
+	"hermeshost/lease"
 	"hermeshost/migrations"
 	"hermeshost/pg"
 	"hermeshost/sartiq"
@@ -31,12 +32,18 @@ type dispatcherSettings struct {
 	orgsRoot, instance       string
 	workerImage, dashImage   string
 	workerEnv                []string
+	leaseTTL, jobGrace       time.Duration
+	idleTimeout, httpGrace   time.Duration
+	maxOrgs                  int
+	controlAddr, controlURL  string
+	controlSecret            service.Secret
 }
 
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
 	config.GatewayKey, config.GatewaySecret, config.WorkerModel, config.VisionModel, config.ClaimEnabled,
 	config.PollInterval, config.MaxAttempts, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
-	config.HermesBin, config.HeartbeatInterval, config.LogLevel}
+	config.HermesBin, config.HeartbeatInterval, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
+	config.ControlAddr, config.ControlURL, config.ControlSecret, config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.dbURL = e.Required(config.DatabaseURL)
@@ -56,6 +63,14 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.instance = e.String(config.HermesInstance)
 	s.workerImage = e.String(config.WorkerImage)
 	s.dashImage = e.String(config.DashboardImage)
+	s.leaseTTL = e.Duration(config.LeaseTTL)
+	s.maxOrgs = e.Int(config.MaxOrgs)
+	s.jobGrace = e.Duration(config.JobGrace)
+	s.idleTimeout = e.Duration(config.WorkerIdleTimeout)
+	s.httpGrace = grace(e)
+	s.controlAddr = e.String(config.ControlAddr)
+	s.controlURL = e.String(config.ControlURL)
+	s.controlSecret = service.Secret(e.String(config.ControlSecret))
 	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval} {
 		if val, ok := os.LookupEnv(v.Name); ok {
 			s.workerEnv = append(s.workerEnv, v.Name+"="+val)
@@ -63,17 +78,19 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	}
 }
 
-// runDispatcher polls until ctx ends, then stops claiming and waits for the jobs in flight.
-// A shutdown that arrives while it is still starting is a clean stop, not an error.
-func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
-	err := dispatchUntilDone(ctx, log, s)
+// runDispatcher polls until ctx ends, then stops claiming, lets the jobs in flight finish
+// within JOB_GRACE (else has them released) and gives up its leases. A shutdown that
+// arrives while it is still starting is a clean stop, not an error. ready, when set, hears
+// the control API's URL once it serves.
+func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings, ready func(controlURL string)) error {
+	err := dispatchUntilDone(ctx, log, s, ready)
 	if err != nil && ctx.Err() != nil {
 		return nil
 	}
 	return err
 }
 
-func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
+func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettings, ready func(string)) error {
 	if s.instance == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -81,14 +98,21 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		}
 		s.instance = h
 	}
+	if s.controlSecret == "" {
+		// Keys minted from it reach only this run's containers; replicas must share one.
+		s.controlSecret = service.Secret(randomSecret())
+		log.Info("CONTROL_SECRET is not set: per-org control keys derive from a secret made for this run")
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
+	ops := service.NewOps(log)
 	rt, err := runtime.Detect(ctx, runtime.Config{
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
-		Network: "host", BinDir: filepath.Dir(self), Logger: log,
+		Network: "host", BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
+		Metrics: runtime.NewMetrics(ops.Registry),
 	})
 	if err != nil {
 		return err
@@ -102,37 +126,56 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		return err
 	}
 	defer pool.Close()
+	ops.Health.Probe("database", pool.Ping)
+	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
+	defer leases.Close()
 	bot, err := sartiq.New(s.apiURL, s.bot.Reveal())
 	if err != nil {
 		return err
 	}
+	srv, err := service.Listen("dispatcher", s.controlAddr, ops.Router(), log, s.httpGrace)
+	if err != nil {
+		return err
+	}
+	controlURL := s.controlURL
+	if controlURL == "" {
+		controlURL = srv.URL()
+	}
+	served := make(chan error, 1)
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopSrv()
+		<-served
+	}()
+	go func() { served <- srv.Serve(srvCtx) }()
+	if ready != nil {
+		ready(srv.URL())
+	}
+
 	d := dispatch.New(dispatch.Config{
-		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, OrgsRoot: s.orgsRoot,
+		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, OrgsRoot: s.orgsRoot,
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
 		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
-		WorkerEnv: s.workerEnv, Log: log,
+		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, Log: log, Registerer: ops.Registry,
 	})
-	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(), "instance", s.instance)
-	t := time.NewTicker(s.poll)
-	defer t.Stop()
-	for {
-		n, err := d.Cycle(ctx)
-		switch {
-		case errors.Is(err, dispatch.ErrGateClosed):
-			log.Warn("not polling: gateway gate closed", "err", err)
-		case err != nil && ctx.Err() == nil:
-			log.Warn("poll cycle failed", "err", err)
-		case n > 0:
-			log.Info("jobs started", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			log.Info("dispatcher stopping: no more claims; waiting for the jobs in flight")
-			d.Wait()
-			return nil
-		case <-t.C:
-		}
-	}
+	_ = controlURL
+	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(),
+		"instance", s.instance, "holder", d.Holder(), "status_url", srv.URL())
+	d.Run(ctx, dispatch.RunOptions{
+		Poll: s.poll, Grace: s.jobGrace,
+		Cycled: func(n int, err error) {
+			switch {
+			case errors.Is(err, dispatch.ErrGateClosed):
+				log.Warn("not polling: gateway gate closed", "err", err)
+			case err != nil && ctx.Err() == nil:
+				log.Warn("poll cycle failed", "err", err)
+			case n > 0:
+				log.Info("jobs started", "count", n)
+			}
+		},
+	})
+	log.Info("dispatcher stopped")
+	return nil
 }
 
 func dispatcherCommand() *cli.Command {
@@ -150,7 +193,7 @@ func dispatcherCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return runDispatcher(ctx, log, s)
+				return runDispatcher(ctx, log, s, nil)
 			}
 		},
 	}

@@ -21,17 +21,33 @@ import (
 // BotToken is the bot token every test backend accepts.
 const BotToken = "backendtest-bot-token-0123456789abcdef"
 
-// Clock is a settable clock.
+// Clock is a settable clock. It stands still unless advanced, or, after Follow, moves with
+// real time as well.
 type Clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu     sync.Mutex
+	t      time.Time
+	follow time.Time // real time at which following began; zero when standing still
 }
 
 // Now is the clock's time.
 func (c *Clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.t
+	if c.follow.IsZero() {
+		return c.t
+	}
+	return c.t.Add(time.Since(c.follow))
+}
+
+// Follow makes the clock move with real time from now on, for tests in which heartbeats
+// and staleness must play out as they would in production (processes the test cannot
+// pause); Advance still jumps it forward.
+func (c *Clock) Follow() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.follow.IsZero() {
+		c.follow = time.Now()
+	}
 }
 
 // Advance moves the clock forward by d.

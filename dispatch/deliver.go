@@ -1,0 +1,273 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"hermeshost/dispatch/runtime"
+	"hermeshost/gateway"
+	"hermeshost/lease"
+	"hermeshost/orghome"
+	"hermeshost/sartiq"
+	"hermeshost/worker"
+)
+
+// delivery is one job in flight: its org's slot, its home: lease, and the two ways to stop
+// it. Closing stop asks the worker to release the job (its held-open stdin ends); ending
+// ctx kills it.
+type delivery struct {
+	home     lease.Lease
+	stop     chan struct{}
+	stopOnce sync.Once
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+func newDelivery(parent context.Context) *delivery {
+	ctx, cancel := context.WithCancel(parent)
+	return &delivery{stop: make(chan struct{}), ctx: ctx, cancel: cancel}
+}
+
+func (dl *delivery) askToStop() { dl.stopOnce.Do(func() { close(dl.stop) }) }
+
+// stopReader is a worker's stdin after its assignment: it blocks until the delivery is
+// asked to stop, then ends, which the worker takes as "release the job and exit".
+type stopReader struct{ stop <-chan struct{} }
+
+func (r stopReader) Read([]byte) (int, error) {
+	<-r.stop
+	return 0, io.EOF
+}
+
+// start records a claim and delivers it in the background; the org's slot and home lease,
+// taken by the caller, are given back when the delivery ends. Deliveries outlive ctx: a job
+// in flight is not cut off by the end of the cycle that claimed it, only by Shutdown.
+func (d *Dispatcher) start(ctx context.Context, dl *delivery, claim *sartiq.Claim, kind string) {
+	claimed := time.Now()
+	if err := d.recordClaim(ctx, claim, kind); err != nil {
+		d.cfg.Log.Error("record "+kind, "job", claim.Job.ID, "err", err)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer d.abandon(claim.OrganizationID, dl)
+		defer dl.cancel()
+		defer dl.askToStop()
+		kept := d.leases.Keep(dl.ctx, dl.home, d.cfg.LeaseTTL)
+		d.deliver(kept.Context(), dl, claim, kept, claimed)
+		dl.home = kept.Stop()
+	}()
+}
+
+// Wait waits for the jobs in flight.
+func (d *Dispatcher) Wait() { d.wg.Wait() }
+
+func (d *Dispatcher) recordClaim(ctx context.Context, c *sartiq.Claim, kind string) error {
+	_, err := d.cfg.DB.Exec(ctx, `
+WITH a AS (
+    INSERT INTO claim_attempts (job_id, org, attempt, instance, kind) VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (job_id, attempt) DO NOTHING
+), m AS (
+    INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ($1, $2, $6, 'CLAIMED', $3)
+    ON CONFLICT (job_id) DO UPDATE SET status = 'CLAIMED', attempt = EXCLUDED.attempt, error = NULL, updated_at = now()
+)
+SELECT 1`, c.Job.ID, c.OrganizationID, c.Job.Attempt, d.cfg.Instance, kind, c.Job.Type)
+	if err != nil {
+		return fmt.Errorf("record %s of job %s: %w", kind, c.Job.ID, err)
+	}
+	return d.mirrorEvent(ctx, nil, c.Job.ID, c.Job.Attempt, kind, map[string]any{"instance": d.cfg.Instance})
+}
+
+// mirrorEvent records one event of a job; with tx, inside that (fenced) transaction.
+func (d *Dispatcher) mirrorEvent(ctx context.Context, tx pgx.Tx, job string, attempt int, kind string, data any) error {
+	raw, ok := data.(json.RawMessage)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(data); err != nil {
+			return err
+		}
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = json.RawMessage(`{}`)
+	}
+	q := `INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ($1, $2, $3, $4)`
+	var err error
+	if tx != nil {
+		_, err = tx.Exec(ctx, q, job, attempt, kind, raw)
+	} else {
+		_, err = d.cfg.DB.Exec(ctx, q, job, attempt, kind, raw)
+	}
+	if err != nil {
+		return fmt.Errorf("mirror event of job %s: %w", job, err)
+	}
+	return nil
+}
+
+// deliver runs the job and records its outcome. ctx ends when the home lease is lost or
+// the dispatcher stops hard.
+func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) {
+	log := d.cfg.Log.With("job", c.Job.ID, "org", c.OrganizationID)
+	outcome, reason := d.run(ctx, dl, c, kept, claimed, log)
+	if cause := context.Cause(ctx); errors.Is(cause, lease.ErrLost) && outcome != "completed" && outcome != "failed" {
+		reason = cause.Error()
+	}
+	rec, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := d.cfg.DB.Exec(rec, `
+WITH a AS (
+    UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2
+)
+UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), updated_at = now() WHERE job_id = $1`,
+		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome)); err != nil {
+		log.Error("record outcome", "err", err)
+	}
+	d.metrics.outcomes.WithLabelValues(outcome).Inc()
+	log.Info("job outcome", "outcome", outcome, "reason", reason, "attempt", c.Job.Attempt)
+}
+
+// mirrorStatus is the backend status a worker outcome leaves the job in.
+func mirrorStatus(outcome string) string {
+	switch outcome {
+	case "completed":
+		return sartiq.StatusCompleted
+	case "failed":
+		return sartiq.StatusFailed
+	case "released", "taken_away":
+		return sartiq.StatusQueued
+	}
+	// crashed or unreported: still RUNNING at the backend until recovery re-claims it.
+	return sartiq.StatusRunning
+}
+
+func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, log *slog.Logger) (outcome, reason string) {
+	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
+	// An org's first job makes its home; the id was validated by the backend and is checked
+	// again by OpenHome.
+	if err := orghome.ValidID(c.OrganizationID); err != nil {
+		return "crashed", err.Error()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err)
+	}
+	home, err := orghome.OpenHome(c.OrganizationID, dir)
+	if err != nil {
+		return "crashed", err.Error()
+	}
+	_, err = home.EnsureSoul(orghome.Identity{OrgID: c.OrganizationID, DisplayName: c.OrganizationID})
+	home.Close()
+	if err != nil {
+		return "crashed", err.Error()
+	}
+	if _, err := d.cfg.Runtime.EnsureWorker(ctx, c.OrganizationID); err != nil {
+		return "crashed", err.Error()
+	}
+	env, err := d.workerEnv(c)
+	if err != nil {
+		return "crashed", err.Error()
+	}
+	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL, HoldStdin: true})
+	// The agent starts only while the home lease is still this delivery's: a dispatcher
+	// that woke up late after losing it never starts a second agent on the home.
+	if err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
+		return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, "deliver", map[string]any{"home_epoch": kept.Lease().Epoch, "runtime": d.cfg.Runtime.Kind()})
+	}); err != nil {
+		return "crashed", fmt.Sprintf("deliver: %v", err)
+	}
+	pr, pw := io.Pipe()
+	var stderr bytes.Buffer
+	done := make(chan string, 1)
+	go func() { done <- d.record(ctx, c, kept, claimed, pr) }()
+	st, err := d.cfg.Runtime.Exec(ctx, c.OrganizationID, runtime.Command{
+		Args: []string{"hermes-host", "worker", "run-job"}, Env: env,
+		Stdin: io.MultiReader(bytes.NewReader(assignment), stopReader{dl.stop}), Stdout: pw, Stderr: &stderr,
+	})
+	pw.Close()
+	status := <-done
+	if err != nil {
+		return "crashed", err.Error()
+	}
+	if status == "" {
+		status = "crashed"
+	}
+	if st.Code != 0 && status == "crashed" {
+		tail := stderr.Bytes()
+		if len(tail) > 500 {
+			tail = tail[len(tail)-500:]
+		}
+		log.Warn("worker exited", "status", st.String(), "stderr", string(tail))
+		return status, st.String()
+	}
+	return status, ""
+}
+
+// workerEnv is the exec environment of run-job: the job token and the org's own keys, never
+// in arguments.
+func (d *Dispatcher) workerEnv(c *sartiq.Claim) ([]string, error) {
+	key, err := gateway.OrgKey(d.cfg.GatewaySecret.Reveal(), c.OrganizationID)
+	if err != nil {
+		return nil, err
+	}
+	env := []string{
+		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + d.cfg.APIURL,
+		"GATEWAY_URL=" + d.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + d.cfg.WorkerModel,
+	}
+	if d.cfg.ControlURL != "" && d.cfg.ControlKey != nil {
+		ck, err := d.cfg.ControlKey(c.OrganizationID)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, "CONTROL_URL="+d.cfg.ControlURL, "CONTROL_KEY="+ck)
+	}
+	return append(env, d.cfg.WorkerEnv...), nil
+}
+
+// record mirrors every JSON progress line of the worker, fenced by the home lease, and
+// returns its outcome status.
+func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, r io.Reader) string {
+	status := ""
+	lines := bufio.NewScanner(r)
+	lines.Buffer(make([]byte, 64<<10), 1<<20)
+	for lines.Scan() {
+		var ev struct {
+			Event string          `json:"event"`
+			Data  json.RawMessage `json:"data"`
+		}
+		if json.Unmarshal(lines.Bytes(), &ev) != nil || ev.Event == "" {
+			continue
+		}
+		switch ev.Event {
+		case "agent_start":
+			d.metrics.claimToAgent.Observe(time.Since(claimed).Seconds())
+		case "outcome":
+			var out worker.Outcome
+			if json.Unmarshal(ev.Data, &out) == nil {
+				status = out.Status
+			}
+		}
+		err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
+			if ev.Event == "start" {
+				if _, err := tx.Exec(ctx, `UPDATE mirror_jobs SET status = 'RUNNING', updated_at = now() WHERE job_id = $1`, c.Job.ID); err != nil {
+					return err
+				}
+			}
+			return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, ev.Event, ev.Data)
+		})
+		if err != nil && ctx.Err() == nil {
+			d.cfg.Log.Warn("mirror progress", "job", c.Job.ID, "err", err)
+		}
+	}
+	_, _ = io.Copy(io.Discard, r)
+	return status
+}

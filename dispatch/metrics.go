@@ -1,0 +1,39 @@
+package dispatch
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	cycle           prometheus.Histogram
+	gateClosed      prometheus.Counter
+	claims          *prometheus.CounterVec
+	outcomes        *prometheus.CounterVec
+	inFlight        prometheus.Gauge
+	owned           prometheus.Gauge
+	attemptMismatch prometheus.Counter
+	claimToAgent    prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		cycle: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hermes_dispatch_cycle_seconds",
+			Help: "Duration of one poll cycle.", Buckets: prometheus.DefBuckets}),
+		gateClosed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_gate_closed_total",
+			Help: "Cycles skipped because the gateway did not serve both models."}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_claims_total",
+			Help: "Jobs claimed (kind claim) and stale jobs re-claimed (kind reclaim)."}, []string{"kind"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_outcomes_total",
+			Help: "Job runs by how they ended."}, []string{"outcome"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hermes_dispatch_jobs_in_flight",
+			Help: "Jobs running now, at most one per org."}),
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hermes_dispatch_orgs_owned",
+			Help: "Organizations whose org: lease this dispatcher holds."}),
+		attemptMismatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_attempt_mismatch_total",
+			Help: "Recoveries where claim_attempts disagreed with the backend's job log."}),
+		claimToAgent: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hermes_dispatch_claim_to_agent_seconds",
+			Help: "From a claim to its agent's start.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent)
+	}
+	return m
+}

@@ -1,0 +1,99 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+
+	"hermeshost/sartiq"
+)
+
+// CrashedAttempts counts, from a stale job's event log in the backend, the runs that ended
+// in a crash: each re-claim ended the attempt before it, and the stale attempt itself
+// crashed too. Clean releases (a shutdown, a wrong org) are not re-claims and do not count;
+// a failure is terminal and is never re-claimed.
+func CrashedAttempts(events []sartiq.Event) int {
+	crashed := 1
+	for _, e := range events {
+		if e.Kind == sartiq.EventReclaim {
+			crashed++
+		}
+	}
+	return crashed
+}
+
+// recover re-claims org's stale job: its worker died without a word. The backend's event
+// log is the attempt count (it survives any host restart); claim_attempts, the host's record
+// of the same, is checked against it. Below MaxAttempts the job runs again; at the cap it is
+// re-claimed and failed at once with the reason, with the fresh token.
+func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (bool, error) {
+	dl, ok, err := d.prepareClaim(ctx, org)
+	if !ok {
+		return false, err
+	}
+	events, err := d.cfg.Bot.ListEvents(ctx, job.ID)
+	if err != nil {
+		d.abandon(org, dl)
+		return false, fmt.Errorf("attempts of job %s: %w", job.ID, err)
+	}
+	crashed := CrashedAttempts(events)
+	d.checkAttempts(ctx, job, crashed)
+	c, err := d.cfg.Bot.Reclaim(ctx, job.ID)
+	if err != nil {
+		d.abandon(org, dl)
+		if sartiq.IsConflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("re-claim job %s: %w", job.ID, err)
+	}
+	d.metrics.claims.WithLabelValues("reclaim").Inc()
+	if crashed >= d.cfg.MaxAttempts {
+		if err := d.recordClaim(ctx, c, "reclaim"); err != nil {
+			d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
+		}
+		d.giveUp(ctx, c, crashed)
+		d.abandon(org, dl)
+		return false, nil
+	}
+	d.cfg.Log.Warn("re-claimed a stale job", "job", job.ID, "org", org, "crashed_attempts", crashed)
+	d.start(ctx, dl, c, "reclaim")
+	return true, nil
+}
+
+// checkAttempts compares the backend's count of crashed runs with the host's record: the
+// attempts of the job that did not end cleanly (released, completed or failed). The backend
+// wins; a difference (a record lost with a host, or a claim made elsewhere) is logged and
+// counted.
+func (d *Dispatcher) checkAttempts(ctx context.Context, job sartiq.Job, backend int) {
+	var host int
+	err := d.cfg.DB.QueryRow(ctx, `
+SELECT count(*) FROM claim_attempts
+ WHERE job_id = $1 AND (outcome IS NULL OR outcome NOT IN ('released', 'completed', 'failed'))`, job.ID).Scan(&host)
+	if err != nil {
+		d.cfg.Log.Warn("read claim_attempts", "job", job.ID, "err", err)
+		return
+	}
+	if host != backend {
+		d.metrics.attemptMismatch.Inc()
+		d.cfg.Log.Warn("claim_attempts disagree with the backend's job log; the backend's count is used",
+			"job", job.ID, "backend_crashed_attempts", backend, "host_unfinished_attempts", host)
+	}
+}
+
+func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
+	reason := fmt.Sprintf("gave up after %d crashed attempts (MAX_ATTEMPTS=%d)", crashed, d.cfg.MaxAttempts)
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err == nil {
+		_, err = api.Fail(ctx, c.Job.ID, reason)
+	}
+	if err != nil {
+		d.cfg.Log.Error("fail a job past its attempts", "job", c.Job.ID, "err", err)
+		return
+	}
+	d.metrics.outcomes.WithLabelValues("failed").Inc()
+	if _, err := d.cfg.DB.Exec(ctx, `
+WITH a AS (UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2)
+UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE job_id = $1`, c.Job.ID, c.Job.Attempt, reason); err != nil {
+		d.cfg.Log.Error("record giving up", "job", c.Job.ID, "err", err)
+	}
+	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
+}
