@@ -100,6 +100,8 @@ var (
 		Usage: "how often a worker resumes an agent session that stopped at its turn limit with work left"})
 	PollInterval = define(Var{Name: "POLL_INTERVAL", Default: "5s",
 		Usage: "how often the dispatcher polls the backend's queue"})
+	Runtime = define(Var{Name: "HERMES_RUNTIME", Default: "auto",
+		Usage: "where org workers run: docker, process (local subprocesses), or auto (docker when an engine answers)"})
 	JobGrace = define(Var{Name: "JOB_GRACE", Default: "20s",
 		Usage: "how long a stopping dispatcher lets jobs in flight run on before it has them released (not counted as attempts)"})
 	LeaseTTL = define(Var{Name: "LEASE_TTL", Default: "15s",
@@ -162,6 +164,18 @@ func (e *Env) fail(v Var, raw, want string) {
 		shown = "(secret value)"
 	}
 	e.err = &Error{Var: v.Name, Msg: fmt.Sprintf("%s is not %s", shown, want)}
+}
+
+// OneOf reads v, which must be one of allowed.
+func (e *Env) OneOf(v Var, allowed ...string) string {
+	raw := e.raw(v)
+	for _, a := range allowed {
+		if raw == a {
+			return raw
+		}
+	}
+	e.fail(v, raw, "one of "+strings.Join(allowed, ", "))
+	return v.Default
 }
 
 // Error is a bad configuration value.

@@ -295,15 +295,19 @@ func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool
 	d.mu.Lock()
 	o.lastWork = time.Now()
 	d.mu.Unlock()
-	for _, job := range active {
+	var stale *sartiq.Job
+	for i, job := range active {
 		if !job.Stale {
 			// A worker is alive on it (ours that just ended has reported by now, so
 			// this is someone else's, or a crashed one not yet stale).
 			return false, nil
 		}
+		if stale == nil {
+			stale = &active[i]
+		}
 	}
-	if len(active) > 0 {
-		return d.recover(ctx, org, active[0])
+	if stale != nil {
+		return d.recover(ctx, org, *stale)
 	}
 	for _, job := range snap.queued[org] {
 		ok, err := d.claim(ctx, org, job)

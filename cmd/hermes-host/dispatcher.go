@@ -37,13 +37,14 @@ type dispatcherSettings struct {
 	maxOrgs                  int
 	controlAddr, controlURL  string
 	controlSecret            service.Secret
+	runtime                  string
 }
 
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
 	config.GatewayKey, config.GatewaySecret, config.WorkerModel, config.VisionModel, config.ClaimEnabled,
 	config.PollInterval, config.MaxAttempts, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
 	config.HermesBin, config.HeartbeatInterval, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
-	config.ControlAddr, config.ControlURL, config.ControlSecret, config.ShutdownGrace, config.LogLevel}
+	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.dbURL = e.Required(config.DatabaseURL)
@@ -63,6 +64,7 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.instance = e.String(config.HermesInstance)
 	s.workerImage = e.String(config.WorkerImage)
 	s.dashImage = e.String(config.DashboardImage)
+	s.runtime = e.OneOf(config.Runtime, "auto", "docker", "process")
 	s.leaseTTL = e.Duration(config.LeaseTTL)
 	s.maxOrgs = e.Int(config.MaxOrgs)
 	s.jobGrace = e.Duration(config.JobGrace)
@@ -108,7 +110,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		return err
 	}
 	ops := service.NewOps(log)
-	rt, err := runtime.Detect(ctx, runtime.Config{
+	rt, err := openRuntime(ctx, s.runtime, runtime.Config{
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: "host", BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
@@ -176,6 +178,26 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	})
 	log.Info("dispatcher stopped")
 	return nil
+}
+
+// openRuntime opens the runtime HERMES_RUNTIME names; auto picks Docker when an engine
+// answers.
+func openRuntime(ctx context.Context, kind string, cfg runtime.Config) (runtime.Runtime, error) {
+	switch kind {
+	case "docker":
+		d, err := runtime.NewDocker(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	case "process":
+		p, err := runtime.NewProcess(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+	return runtime.Detect(ctx, cfg)
 }
 
 func dispatcherCommand() *cli.Command {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
 	"hermeshost/service"
 )
@@ -110,6 +111,32 @@ func (b *Backend) DemoJob(t testing.TB, org, typ string) string {
 	if err := b.DB.QueryRow(context.Background(), `SELECT id::text FROM agent_jobs WHERE seed_key = $1`,
 		"demo:"+org+":"+typ).Scan(&id); err != nil {
 		t.Fatalf("demo job %s/%s: %v", org, typ, err)
+	}
+	return id
+}
+
+// AddJob queues a small job of type typ for org, making the org if it is new, and returns
+// its id: a product_ingest of one catalogue row, or a guidelines_extraction of one
+// category, so that load tests spend their time in the host rather than in the agent.
+func (b *Backend) AddJob(t testing.TB, org, typ string) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := backend.EnsureOrganization(ctx, b.DB, org, "Org "+org, b.Clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	j := backend.NewJob{Type: typ, OrganizationID: org}
+	switch typ {
+	case sartiq.TypeProductIngest:
+		j.Instructions = "Propose one product for each row of catalog.csv."
+		j.Sources = []sartiq.ManifestSource{{Name: "catalog.csv", MediaType: "text/csv", Content: "sku,name,price\n" + org + "-1,Trail Shoe,89.00\n"}}
+	default:
+		j.Instructions = "Extract the brand guidelines of every category from brand-book.md."
+		j.Categories = backend.DemoCategories[:1]
+		j.Sources = []sartiq.ManifestSource{{Name: "brand-book.md", MediaType: "text/markdown", Content: "# Brand book\n\n## Tone of voice\nPlain and warm.\n"}}
+	}
+	id, err := backend.CreateJob(ctx, b.DB, j, b.Clock.Now())
+	if err != nil {
+		t.Fatal(err)
 	}
 	return id
 }

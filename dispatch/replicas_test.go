@@ -1,0 +1,284 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"hermeshost/internal/hosttest"
+	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend"
+	"hermeshost/sartiq/backend/backendtest"
+)
+
+// replica is one `hermes-host dispatcher` process under test.
+type replica struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan error
+}
+
+// replicaEnv is what every dispatcher process of a test shares.
+type replicaEnv struct {
+	dbURL, apiURL, gatewayURL, orgsRoot string
+	extra                               []string
+}
+
+func startReplica(t *testing.T, e replicaEnv, name string) *replica {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "hermes-host"), "dispatcher")
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"DATABASE_URL=" + e.dbURL, "SARTIQ_API_URL=" + e.apiURL, "SARTIQ_BOT_TOKEN=" + backendtest.BotToken,
+		"GATEWAY_URL=" + e.gatewayURL, "GATEWAY_KEY=host-key", "GATEWAY_SECRET=gw-secret",
+		"CLAIM_ENABLED=true", "POLL_INTERVAL=200ms", "HERMES_INSTANCE=" + name, "ORGS_ROOT=" + e.orgsRoot,
+		"HERMES_RUNTIME=process", "HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=300ms",
+		"LEASE_TTL=2s", "CONTROL_ADDR=127.0.0.1:0", "JOB_GRACE=10s", "LOG_LEVEL=info",
+	}, e.extra...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	go func() {
+		r.done <- cmd.Wait()
+		out.Close()
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-r.done
+		}
+		if t.Failed() {
+			raw, _ := os.ReadFile(logPath)
+			lines := strings.Split(string(raw), "\n")
+			t.Logf("last lines of %s:\n%s", name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
+	})
+	return r
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (r *replica) stop(t *testing.T, within time.Duration) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("%s did not exit cleanly on SIGTERM: %v", r.name, err)
+		}
+		r.done <- nil
+	case <-time.After(within):
+		t.Fatalf("%s did not stop within %s of SIGTERM", r.name, within)
+	}
+}
+
+func countJobs(t *testing.T, db *pgxpool.Pool, status string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM agent_jobs WHERE status = $1`, status).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ownersOf maps each holder of an org: lease to its orgs.
+func ownersOf(t *testing.T, db *pgxpool.Pool) map[string][]string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT holder, substr(key, 5) FROM leases WHERE key LIKE 'org:%' AND holder IS NOT NULL AND expires_at > now()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var holder, org string
+		if err := rows.Scan(&holder, &org); err != nil {
+			t.Fatal(err)
+		}
+		out[holder] = append(out[holder], org)
+	}
+	return out
+}
+
+// checkOneRunPerOrg replays the backend's job log in commit order: a claim or re-claim opens
+// a run of its job, a complete, fail or release closes it, and a re-claim also closes the
+// run it took over. No org may ever have two runs open.
+func checkOneRunPerOrg(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `
+SELECT e.job_id::text, j.organization_id, e.kind FROM agent_job_events e JOIN agent_jobs j ON j.id = e.job_id
+ WHERE e.kind IN ('claim', 'reclaim', 'complete', 'fail', 'release') ORDER BY e.id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	open := map[string]string{} // org -> job with a run open
+	for rows.Next() {
+		var job, org, kind string
+		if err := rows.Scan(&job, &org, &kind); err != nil {
+			t.Fatal(err)
+		}
+		switch kind {
+		case "claim", "reclaim":
+			if other, busy := open[org]; busy && !(kind == "reclaim" && other == job) {
+				t.Errorf("org %s: job %s %sed while job %s was still running", org, job, kind, other)
+			}
+			open[org] = job
+		default:
+			if open[org] == job {
+				delete(open, org)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkMirror asks the host's own record the same: no job completed twice, every job
+// completed once except those whose last run belonged to the killed replica (its worker may
+// have completed the job at the backend in the moment before the replica could record it),
+// and per org the attempts' claim-to-outcome intervals are disjoint (an attempt left without
+// an outcome by the killed replica ends where its job's next attempt began).
+func checkMirror(t *testing.T, db *pgxpool.Pool, jobs int, killed string) {
+	t.Helper()
+	ctx := context.Background()
+	var completed, twice, lostWithKilled int
+	if err := db.QueryRow(ctx, `SELECT count(DISTINCT job_id) FROM claim_attempts WHERE outcome = 'completed'`).Scan(&completed); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM (SELECT job_id FROM claim_attempts WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) > 1) x`).Scan(&twice); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(ctx, `
+SELECT count(*) FROM claim_attempts a
+ WHERE a.instance = $1 AND a.outcome IS NULL
+   AND NOT EXISTS (SELECT 1 FROM claim_attempts n WHERE n.job_id = a.job_id AND n.attempt > a.attempt)`, killed).Scan(&lostWithKilled); err != nil {
+		t.Fatal(err)
+	}
+	if twice != 0 || completed+lostWithKilled != jobs || lostWithKilled > 12 {
+		t.Errorf("claim_attempts: %d jobs completed (%d twice), %d last run by the killed replica unrecorded; want %d jobs", completed, twice, lostWithKilled, jobs)
+	}
+	var overlaps int
+	if err := db.QueryRow(ctx, `
+WITH runs AS (
+    SELECT a.id, a.org, a.claimed_at,
+           coalesce(a.finished_at, (SELECT min(n.claimed_at) FROM claim_attempts n WHERE n.job_id = a.job_id AND n.attempt > a.attempt), 'infinity') AS ended
+      FROM claim_attempts a
+)
+SELECT count(*) FROM runs x JOIN runs y ON x.org = y.org AND x.id < y.id AND y.claimed_at < x.ended AND x.claimed_at < y.ended`).Scan(&overlaps); err != nil {
+		t.Fatal(err)
+	}
+	if overlaps != 0 {
+		t.Errorf("the mirror shows %d pairs of runs of one org overlapping", overlaps)
+	}
+	var mirrored int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM mirror_jobs WHERE status = 'COMPLETED'`).Scan(&mirrored); err != nil || mirrored != completed {
+		t.Errorf("mirror_jobs: %d COMPLETED (%v), want %d", mirrored, err, completed)
+	}
+}
+
+func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
+	if testing.Short() {
+		t.Skip("200 jobs through two dispatcher processes")
+	}
+	b := backendtest.Start(t, backend.Config{StaleAfter: 3 * time.Second})
+	b.Clock.Follow()
+	const orgs, perOrg = 20, 10
+	for i := range orgs {
+		for j := range perOrg {
+			typ := sartiq.TypeProductIngest
+			if j%5 == 4 {
+				typ = sartiq.TypeGuidelinesExtraction
+			}
+			b.AddJob(t, fmt.Sprintf("org-%02d", i), typ)
+		}
+	}
+	total := orgs*perOrg + 2*len(backend.DemoOrganizations)
+	dbURL, db := pgtest.Schema(t)
+	env := replicaEnv{dbURL: dbURL, apiURL: b.URL, gatewayURL: hosttest.DemoGateway(t, "gw-secret", "host-key"),
+		orgsRoot: filepath.Join(t.TempDir(), "orgs"), extra: []string{"MAX_ORGS=12"}}
+	a := startReplica(t, env, "replica-a")
+	c := startReplica(t, env, "replica-b")
+
+	// Mid-run, kill the replica that owns more orgs: the other must take them over.
+	waitFor(t, 3*time.Minute, "a quarter of the jobs to complete", func() bool { return countJobs(t, b.DB, sartiq.StatusCompleted) >= total/4 })
+	owners := ownersOf(t, db)
+	victim, survivor := a, c
+	if len(owners[holderOf(owners, c.name)]) > len(owners[holderOf(owners, a.name)]) {
+		victim, survivor = c, a
+	}
+	victimOrgs := owners[holderOf(owners, victim.name)]
+	if len(victimOrgs) == 0 {
+		t.Fatalf("the replica to kill owns no orgs: %v", owners)
+	}
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	victim.done <- nil
+	killedAt := countJobs(t, b.DB, sartiq.StatusCompleted)
+
+	waitFor(t, 5*time.Minute, "every job to complete", func() bool { return countJobs(t, b.DB, sartiq.StatusCompleted) == total })
+	survivor.stop(t, 30*time.Second)
+
+	checkOneRunPerOrg(t, b.DB)
+	checkMirror(t, db, total, victim.name)
+	var takenOver int
+	if err := db.QueryRow(context.Background(), `SELECT count(DISTINCT org) FROM claim_attempts WHERE instance = $1 AND org = ANY($2)
+		AND claimed_at > (SELECT max(claimed_at) FROM claim_attempts WHERE instance = $3)`, survivor.name, victimOrgs, victim.name).Scan(&takenOver); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s owning %d orgs with %d of %d jobs done; %s then ran jobs of %d of them", victim.name, len(victimOrgs), killedAt, total, survivor.name, takenOver)
+	if takenOver == 0 {
+		t.Errorf("%s ran none of the killed replica's orgs %v after the kill", survivor.name, victimOrgs)
+	}
+	var left int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM leases WHERE key LIKE 'org:%' AND holder LIKE $1`, "dispatcher/"+survivor.name+"/%").Scan(&left); err != nil || left != 0 {
+		t.Errorf("the survivor left %d org leases held after SIGTERM (%v)", left, err)
+	}
+	var completions int
+	if err := b.DB.QueryRow(context.Background(), `SELECT count(*) FROM agent_job_events WHERE kind = 'complete'`).Scan(&completions); err != nil || completions != total {
+		t.Errorf("the backend logged %d completions for %d jobs (%v)", completions, total, err)
+	}
+}
+
+func holderOf(owners map[string][]string, instance string) string {
+	for h := range owners {
+		if strings.HasPrefix(h, "dispatcher/"+instance+"/") {
+			return h
+		}
+	}
+	return ""
+}
