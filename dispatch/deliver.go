@@ -79,6 +79,10 @@ func (d *Dispatcher) recordClaim(ctx context.Context, c *sartiq.Claim, kind stri
 WITH a AS (
     INSERT INTO claim_attempts (job_id, org, attempt, instance, kind) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (job_id, attempt) DO NOTHING
+), crashed AS (
+    -- A re-claim says the runs before it crashed, whether or not anyone recorded it.
+    UPDATE claim_attempts SET outcome = 'crashed', reason = 're-claimed as stale', finished_at = now()
+     WHERE job_id = $1 AND attempt < $3 AND outcome IS NULL
 ), m AS (
     INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ($1, $2, $6, 'CLAIMED', $3)
     ON CONFLICT (job_id) DO UPDATE SET status = 'CLAIMED', attempt = EXCLUDED.attempt, error = NULL, updated_at = now()

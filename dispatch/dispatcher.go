@@ -291,6 +291,9 @@ func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool
 		if active, err = d.activeJobs(ctx, org); err != nil {
 			return false, err
 		}
+		if err := d.reconcile(ctx, org, active); err != nil {
+			return false, err
+		}
 	}
 	d.mu.Lock()
 	o.lastWork = time.Now()

@@ -97,3 +97,69 @@ UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE j
 	}
 	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
 }
+
+// reconcile closes the host's record of org's attempts that no dispatcher will finish: rows
+// without an outcome whose run the backend shows has ended (a replica that died between its
+// worker's report and its own record of it), so the mirror does not show them running
+// forever. Runs the backend still shows going are left to their worker or to recovery.
+func (d *Dispatcher) reconcile(ctx context.Context, org string, active []sartiq.Job) error {
+	rows, err := d.cfg.DB.Query(ctx, `SELECT job_id, attempt FROM claim_attempts WHERE org = $1 AND outcome IS NULL`, org)
+	if err != nil {
+		return fmt.Errorf("reconcile org %s: %w", org, err)
+	}
+	type run struct {
+		job     string
+		attempt int
+	}
+	var open []run
+	for rows.Next() {
+		var r run
+		if err := rows.Scan(&r.job, &r.attempt); err != nil {
+			rows.Close()
+			return fmt.Errorf("reconcile org %s: %w", org, err)
+		}
+		open = append(open, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reconcile org %s: %w", org, err)
+	}
+	running := map[run]bool{}
+	for _, j := range active {
+		running[run{j.ID, j.Attempt}] = true
+	}
+	for _, r := range open {
+		if running[r] {
+			continue
+		}
+		events, err := d.cfg.Bot.ListEvents(ctx, r.job)
+		if err != nil {
+			return fmt.Errorf("reconcile job %s: %w", r.job, err)
+		}
+		outcome, status := "lost", ""
+		for _, e := range events {
+			if e.Attempt != r.attempt {
+				continue
+			}
+			switch e.Kind {
+			case sartiq.EventComplete:
+				outcome, status = "completed", sartiq.StatusCompleted
+			case sartiq.EventFail:
+				outcome, status = "failed", sartiq.StatusFailed
+			case sartiq.EventRelease:
+				outcome, status = "released", sartiq.StatusQueued
+			}
+		}
+		reason := "recorded from the backend's job log by " + d.holder + ": the dispatcher that ran it stopped first"
+		if _, err := d.cfg.DB.Exec(ctx, `
+WITH a AS (
+    UPDATE claim_attempts SET outcome = $3, reason = $4, finished_at = now() WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL
+)
+UPDATE mirror_jobs SET status = $5, updated_at = now() WHERE job_id = $1 AND attempt = $2 AND $5 <> ''`,
+			r.job, r.attempt, outcome, reason, status); err != nil {
+			return fmt.Errorf("reconcile job %s: %w", r.job, err)
+		}
+		d.cfg.Log.Info("attempt reconciled from the backend", "job", r.job, "attempt", r.attempt, "outcome", outcome)
+	}
+	return nil
+}
