@@ -117,11 +117,26 @@ func (w *world) runJob(ctx context.Context, workerOrg, job string, edit func(*wo
 
 func (w *world) exec(ctx context.Context, workerOrg string, claim *sartiq.Claim, edit func(*worker.Assignment)) result {
 	w.t.Helper()
+	return w.execLive(ctx, workerOrg, claim, edit, live{})
+}
+
+// live is what a test does with an exec while it runs.
+type live struct {
+	stdin  io.Reader // read after the assignment: stdin ends when it does
+	stdout io.Writer // sees the exec's stdout as it comes
+}
+
+func (w *world) execLive(ctx context.Context, workerOrg string, claim *sartiq.Claim, edit func(*worker.Assignment), l live) result {
+	w.t.Helper()
 	a := worker.Assignment{Job: claim.Job, OrganizationID: claim.OrganizationID, ManifestURL: claim.ManifestURL}
 	if edit != nil {
 		edit(&a)
 	}
 	in, _ := json.Marshal(a)
+	stdin := io.Reader(bytes.NewReader(in))
+	if l.stdin != nil {
+		stdin = io.MultiReader(stdin, l.stdin)
+	}
 	key, err := gateway.OrgKey(gatewaySecret, workerOrg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -140,6 +155,10 @@ func (w *world) exec(ctx context.Context, workerOrg string, claim *sartiq.Claim,
 		w.t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
+	out := io.Writer(&stdout)
+	if l.stdout != nil {
+		out = io.MultiWriter(&stdout, l.stdout)
+	}
 	st, err := w.rt.Exec(ctx, workerOrg, runtime.Command{
 		Args: []string{"hermes-host", "worker", "run-job"},
 		Env: []string{
@@ -147,9 +166,15 @@ func (w *world) exec(ctx context.Context, workerOrg string, claim *sartiq.Claim,
 			"GATEWAY_URL=" + w.gateway, "GATEWAY_KEY=" + key, "WORKER_MODEL=demo-worker",
 			"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=200ms", "MAX_TURNS=10", "LOG_LEVEL=debug",
 		},
-		Stdin: bytes.NewReader(in), Stdout: &stdout, Stderr: &stderr,
+		Stdin: stdin, Stdout: out, Stderr: &stderr,
 	})
 	r := result{status: st, err: err, stdout: stdout.String(), stderr: stderr.String(), jobToken: claim.JobToken}
+	r.parseProgress()
+	return r
+}
+
+// parseProgress reads the progress lines of stdout into events and outcome.
+func (r *result) parseProgress() {
 	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 		var ev map[string]any
 		if json.Unmarshal([]byte(line), &ev) == nil {
@@ -160,7 +185,6 @@ func (w *world) exec(ctx context.Context, workerOrg string, claim *sartiq.Claim,
 			}
 		}
 	}
-	return r
 }
 
 func (r result) kinds() []string {

@@ -28,6 +28,13 @@ import (
 
 // Assignment is what the dispatcher writes on the worker's stdin: the claim without its
 // token, which comes in the exec environment instead.
+//
+// Without HoldStdin the caller may close stdin as soon as the assignment is written, and
+// nothing more is read from it. With HoldStdin the caller keeps stdin open for the whole
+// run, and closing it (EOF) asks the worker to stop, exactly as SIGTERM does: the agent is
+// killed and the job released, not failed, so the stop does not count as an attempt. That
+// is how a job is stopped on a Docker engine, whose execs cannot be signalled. Anything
+// written after the assignment is ignored.
 type Assignment struct {
 	Job            sartiq.Job `json:"job"`
 	OrganizationID string     `json:"organization_id"`
@@ -67,6 +74,13 @@ type Outcome struct {
 // ErrTakenAway: the backend refused a heartbeat with 409; the job is someone else's now.
 var ErrTakenAway = errors.New("job taken away (heartbeat refused)")
 
+// errStopped: Run's context ended before the agent finished.
+var errStopped = errors.New("stopped before the agent finished")
+
+// reportTimeout bounds a terminal call (complete, fail, release). The call gets a context
+// of its own because Run's may have ended already: a stop still has to release the job.
+const reportTimeout = 10 * time.Second
+
 type runner struct {
 	cfg         Config
 	api         *sartiq.Client
@@ -81,7 +95,9 @@ type runner struct {
 }
 
 // Run runs one job end to end and reports its outcome to the backend (unless
-// REPORT_ENABLED is false) and on Progress.
+// REPORT_ENABLED is false) and on Progress. When ctx ends first (the host is stopping the
+// worker) the agent is killed and the job released, unless it was taken away already;
+// checkpoints stay, so the next attempt resumes from them.
 func Run(ctx context.Context, cfg Config, api *sartiq.Client, a Assignment) (Outcome, error) {
 	r := &runner{cfg: cfg, api: api, job: a.Job, manifestURL: a.ManifestURL}
 	r.emit("start", map[string]any{"job": a.Job.ID, "type": a.Job.Type, "org": a.OrganizationID, "attempt": a.Job.Attempt})
@@ -97,12 +113,26 @@ func (r *runner) emit(kind string, data any) {
 	fmt.Fprintf(r.cfg.Progress, "%s\n", line)
 }
 
+// release puts the job back in the queue, even when ctx has ended.
 func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
 	r.cfg.Log.Warn("releasing job", "job", r.job.ID, "reason", reason)
-	if _, err := r.api.Release(ctx, r.job.ID, reason); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancel()
+	_, err := r.api.Release(ctx, r.job.ID, reason)
+	if sartiq.IsConflict(err) {
+		// The token is no longer the job's: it was re-claimed meanwhile.
+		return Outcome{Status: "taken_away", Reason: err.Error()}, nil
+	}
+	if err != nil {
 		return Outcome{Status: "released", Reason: reason}, fmt.Errorf("release job %s: %w", r.job.ID, err)
 	}
 	return Outcome{Status: "released", Reason: reason}, nil
+}
+
+// stop releases the job after ctx ended: the worker was asked to stop, which is no fault of
+// the job and must not count as an attempt.
+func (r *runner) stop(ctx context.Context) (Outcome, error) {
+	return r.release(ctx, fmt.Sprintf("the host stopped the worker (%v): the job is released to run again", context.Cause(ctx)))
 }
 
 func (r *runner) run(ctx context.Context, a Assignment) (Outcome, error) {
@@ -129,10 +159,16 @@ func (r *runner) run(ctx context.Context, a Assignment) (Outcome, error) {
 	}
 	defer r.home.Close()
 	if err := r.prepare(ctx); err != nil {
+		if ctx.Err() != nil {
+			return r.stop(ctx)
+		}
 		return Outcome{Status: "crashed", Reason: err.Error()}, err
 	}
 	if a.Job.Status == sartiq.StatusClaimed {
 		if _, err := r.api.Start(ctx, r.job.ID); err != nil {
+			if ctx.Err() != nil {
+				return r.stop(ctx)
+			}
 			return Outcome{Status: "crashed", Reason: err.Error()}, fmt.Errorf("start job %s: %w", r.job.ID, err)
 		}
 	}
@@ -145,6 +181,9 @@ func (r *runner) run(ctx context.Context, a Assignment) (Outcome, error) {
 	<-beats
 	if cause := context.Cause(agentCtx); errors.Is(cause, ErrTakenAway) {
 		return Outcome{Status: "taken_away", Reason: cause.Error()}, nil
+	}
+	if errors.Is(err, errStopped) {
+		return r.stop(ctx)
 	}
 	if err != nil {
 		return out, err
@@ -257,7 +296,7 @@ func (r *runner) onAccepted(a Accepted) {
 }
 
 // runAgent runs the agent, resuming its session while it stops at the turn limit with work
-// left, and gates the result.
+// left, and gates the result. It returns errStopped when ctx ends before the agent is done.
 func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 	// A unix socket path is limited to 108 bytes, which a workspace path can pass: the socket
 	// goes in a private folder of its own (0700, random name) instead.
@@ -290,7 +329,7 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 		}
 		output, code, err := r.exec(ctx, args, proxy.Path())
 		if ctx.Err() != nil {
-			return Outcome{Status: "taken_away"}, nil
+			return Outcome{}, errStopped
 		}
 		if err != nil {
 			return Outcome{Status: "crashed", Reason: err.Error()}, err
@@ -307,6 +346,9 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 		if final == nil && missing && r.cap.Resumable && run < r.cfg.MaxResumes {
 			if session == "" {
 				if session, err = r.latestSession(ctx, started); err != nil {
+					if ctx.Err() != nil {
+						return Outcome{}, errStopped
+					}
 					return Outcome{Status: "failed", Reason: err.Error()}, nil
 				}
 			}
@@ -409,6 +451,7 @@ func exitCode(err error) int {
 }
 
 // finish reports the outcome unless REPORT_ENABLED is false, then prunes old workspaces.
+// A result reached just as ctx ends is still reported.
 func (r *runner) finish(ctx context.Context, out Outcome) (Outcome, error) {
 	defer r.prune()
 	if !r.cfg.ReportEnabled {
@@ -416,6 +459,8 @@ func (r *runner) finish(ctx context.Context, out Outcome) (Outcome, error) {
 		out.Status = "unreported"
 		return out, nil
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancel()
 	var err error
 	switch out.Status {
 	case "completed":

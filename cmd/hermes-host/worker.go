@@ -54,11 +54,14 @@ func workerCommand() *cli.Command {
 // errNotFinished makes run-job exit non-zero when the job was not brought to an end here.
 var errNotFinished = errors.New("the job did not finish in this run")
 
+// errStdinClosed is why a run with hold_stdin stops: its caller closed stdin.
+var errStdinClosed = errors.New("stdin closed by the caller")
+
 func runJobCommand() *cli.Command {
 	return &cli.Command{
 		Name: "run-job",
 		Summary: "run one job end to end: the assignment on stdin, the job token in SARTIQ_TOKEN; " +
-			"progress as JSON lines on stdout",
+			"progress as JSON lines on stdout; SIGTERM, or EOF on stdin with hold_stdin, releases the job",
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.WorkspaceRetention,
@@ -124,6 +127,20 @@ func runJobCommand() *cli.Command {
 				}
 				if a.Job.ID == "" || a.ManifestURL == "" {
 					return errors.New("the assignment on stdin names no job or manifest")
+				}
+				if a.HoldStdin {
+					var stop context.CancelCauseFunc
+					ctx, stop = context.WithCancelCause(ctx)
+					defer stop(nil)
+					go func() {
+						// Straight from os.Stdin, not through the limit, which would end in a
+						// false EOF; what the decoder buffered past the assignment is ignored.
+						_, err := io.Copy(io.Discard, os.Stdin)
+						if err == nil {
+							err = errStdinClosed
+						}
+						stop(err)
+					}()
 				}
 				api, err := sartiq.New(apiURL, token)
 				if err != nil {
