@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -90,12 +92,31 @@ func (f *fixture) bearer(auth string) *httpexpect.Expect {
 	e := httpexpect.WithConfig(httpexpect.Config{
 		BaseURL:  f.srv.URL,
 		Reporter: httpexpect.NewAssertReporter(f.t),
-		Client:   f.srv.Client(),
+		Client:   &http.Client{Transport: readWhole{f.srv.Client().Transport}},
 	})
 	if auth == "" {
 		return e
 	}
 	return e.Builder(func(r *httpexpect.Request) { r.WithHeader("Authorization", auth) })
+}
+
+// readWhole reads every response body at once and closes it. httpexpect reads a body only
+// when a test looks at it and otherwise leaves it to a finalizer, which would keep the
+// connection's goroutines alive past the test and trip goleak.
+type readWhole struct{ next http.RoundTripper }
+
+func (rw readWhole) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := rw.next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
 }
 
 // as is an httpexpect client presenting org's control key.
