@@ -117,6 +117,23 @@ func TestAcquireReleaseAndEpochGrows(t *testing.T) {
 	}
 }
 
+func TestRefreshReturnsTheWholeHolding(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	a, err := f.store.TryAcquire(ctx, "home:acme", "worker-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only what a remote caller knows: key, holder and epoch.
+	r, err := f.store.Refresh(ctx, Lease{Key: a.Key, Holder: a.Holder, Epoch: a.Epoch}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.AcquiredAt.Equal(a.AcquiredAt) || !r.ExpiresAt.After(a.ExpiresAt) || r.Epoch != a.Epoch {
+		t.Fatalf("refreshed %+v from %+v", r, a)
+	}
+}
+
 func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()

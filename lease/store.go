@@ -135,7 +135,9 @@ SELECT false, key, coalesce(holder, ''), epoch, coalesce(acquired_at, 'epoch'::t
 }
 
 // Refresh extends l by ttl while its holder and epoch still match and it has not expired;
-// otherwise ErrLost, and the caller must stop the work it does under the lease.
+// otherwise ErrLost, and the caller must stop the work it does under the lease. The lease
+// it returns has the row's acquired_at, so a caller that knows only key, holder and epoch
+// (the control API's) gets the whole holding back.
 func (s *Store) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
 	if err := errors.Join(CheckKey(l.Key), CheckHolder(l.Holder), CheckTTL(ttl)); err != nil {
 		return l, err
@@ -145,11 +147,11 @@ func (s *Store) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 WITH up AS (
     UPDATE leases SET expires_at = now() + $4 * interval '1 microsecond', updated_at = now()
      WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
-    RETURNING key, holder, epoch, expires_at
+    RETURNING key, holder, epoch, acquired_at, expires_at
 ), ev AS (
     INSERT INTO lease_events (key, kind, holder, epoch) SELECT key, 'refresh', holder, epoch FROM up
 )
-SELECT expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl)).Scan(&out.ExpiresAt)
+SELECT acquired_at, expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl)).Scan(&out.AcquiredAt, &out.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.metrics.refused.WithLabelValues("refresh", Namespace(l.Key)).Inc()
 		return l, fmt.Errorf("refresh %s as %s (epoch %d): %w", l.Key, l.Holder, l.Epoch, ErrLost)

@@ -1,0 +1,225 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxResponse bounds what the client reads of one response (a job with MaxJobEvents large
+// events is the biggest).
+const maxResponse = 32 << 20
+
+// Client calls the control API with one org's key.
+type Client struct {
+	base string
+	key  string
+	hc   *http.Client
+}
+
+// NewClient is a client of the API at baseURL (http or https, no credentials in it) that
+// presents key; hc nil is http.DefaultClient. Neither the key nor anything derived from it
+// ever appears in an error.
+func NewClient(baseURL, key string, hc *http.Client) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, errors.New("control client: the base URL must be http(s)://host[:port][/path], without credentials, query or fragment")
+	}
+	if !strings.HasPrefix(key, keyPrefix) || strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return nil, errors.New("control client: the key is not a control key (hck_<org>_...)")
+	}
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	return &Client{base: strings.TrimSuffix(u.String(), "/"), key: key, hc: hc}, nil
+}
+
+// APIError is an answer of the API other than success.
+type APIError struct {
+	Op      string // jobs, job, acquire, refresh, release or holder
+	Status  int
+	Code    string // the API's error code (CodeHeld, CodeLost, ...)
+	Message string
+	// HeldBy is, when Code is CodeHeld, the holding in the way (its Holder, Epoch and
+	// ExpiresAt; Key is the caller's).
+	HeldBy *Lease
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("control %s: %d %s: %s", e.Op, e.Status, e.Code, e.Message)
+}
+
+func apiError(err error) *APIError {
+	var e *APIError
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
+}
+
+// IsHeld reports whether err is an acquire refused because someone else holds the key.
+func IsHeld(err error) bool { e := apiError(err); return e != nil && e.Code == CodeHeld }
+
+// IsLost reports whether err is a refresh or release refused because the holding is no
+// longer the caller's: it expired and was taken, or was released by force. Work under the
+// lease must stop.
+func IsLost(err error) bool { e := apiError(err); return e != nil && e.Code == CodeLost }
+
+// IsForbidden reports whether err is a key outside the caller's org (home:<other org>,
+// org:<id>).
+func IsForbidden(err error) bool {
+	e := apiError(err)
+	return e != nil && e.Status == http.StatusForbidden
+}
+
+// IsNotFound reports whether err is an unknown job or lease (or another org's: the API
+// does not tell them apart).
+func IsNotFound(err error) bool {
+	e := apiError(err)
+	return e != nil && e.Status == http.StatusNotFound
+}
+
+// Jobs is one page of the org's jobs, newest first; limit 0 is the server's default and
+// cursor "" the first page.
+func (c *Client) Jobs(ctx context.Context, limit int, cursor string) (JobsPage, error) {
+	q := url.Values{}
+	if limit != 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	var page JobsPage
+	err := c.do(ctx, "jobs", http.MethodGet, "/v1/jobs", q, nil, &page)
+	return page, err
+}
+
+// Job is one of the org's jobs with its newest events.
+func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
+	var d JobDetail
+	if id == "" {
+		return d, errors.New("control job: empty job id")
+	}
+	err := c.do(ctx, "job", http.MethodGet, "/v1/jobs/"+url.PathEscape(id), nil, nil, &d)
+	return d, err
+}
+
+// Acquire takes key (home:<own org> or session:<id>) for holder for ttl. With wait 0 it
+// tries once; otherwise it waits up to wait (at most the server's maximum) for the key to
+// come free. A key still held is an error for which IsHeld is true. Durations are sent in
+// whole milliseconds, rounded up.
+func (c *Client) Acquire(ctx context.Context, key, holder string, ttl, wait time.Duration) (Lease, error) {
+	var l Lease
+	err := c.do(ctx, "acquire", http.MethodPost, "/v1/leases/acquire", nil,
+		acquireRequest{Key: key, Holder: holder, TTLMS: ceilMillis(ttl), WaitMS: ceilMillis(wait)}, &l)
+	if e := apiError(err); e != nil && e.HeldBy != nil {
+		e.HeldBy.Key = key
+	}
+	return l, err
+}
+
+// Refresh extends l by ttl; IsLost when it is no longer the caller's.
+func (c *Client) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
+	var out Lease
+	err := c.do(ctx, "refresh", http.MethodPost, "/v1/leases/refresh", nil,
+		refreshRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch, TTLMS: ceilMillis(ttl)}, &out)
+	if err != nil {
+		return l, err
+	}
+	return out, nil
+}
+
+// Release frees l. Releasing twice is not an error; IsLost when someone else has taken the
+// key since.
+func (c *Client) Release(ctx context.Context, l Lease) error {
+	return c.do(ctx, "release", http.MethodPost, "/v1/leases/release", nil,
+		releaseRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch}, nil)
+}
+
+// Holder says who holds key; IsNotFound when nobody ever took it.
+func (c *Client) Holder(ctx context.Context, key string) (LeaseInfo, error) {
+	var info LeaseInfo
+	err := c.do(ctx, "holder", http.MethodGet, "/v1/leases/"+url.PathEscape(key), nil, nil, &info)
+	return info, err
+}
+
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return d.Milliseconds()
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// do sends one request and decodes a success into out (nil: no body expected).
+func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, body, out any) error {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("control %s: %w", op, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("control %s: %w", op, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		// A transport error names the URL, never the header that carries the key.
+		return fmt.Errorf("control %s: %w", op, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	if err != nil {
+		return fmt.Errorf("control %s: read the answer: %w", op, err)
+	}
+	if len(data) > maxResponse {
+		return fmt.Errorf("control %s: the answer is larger than %d bytes", op, maxResponse)
+	}
+	if resp.StatusCode/100 != 2 {
+		return c.errorFrom(op, resp.StatusCode, data)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("control %s: the answer is not the API's JSON: %w", op, err)
+	}
+	return nil
+}
+
+func (c *Client) errorFrom(op string, status int, data []byte) *APIError {
+	e := &APIError{Op: op, Status: status}
+	var b errorBody
+	if json.Unmarshal(data, &b) == nil && b.Code != "" {
+		e.Code, e.Message = b.Code, b.Message
+		if b.Code == CodeHeld {
+			e.HeldBy = &Lease{Holder: b.Holder, Epoch: b.Epoch, ExpiresAt: b.ExpiresAt}
+		}
+	} else {
+		// Not the API talking (a proxy in between, say): keep a short excerpt.
+		e.Code = strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "_"))
+		e.Message = strings.ToValidUTF8(string(data[:min(len(data), 200)]), "?")
+	}
+	// The server never echoes the key; make sure nothing else in between does either.
+	e.Message = strings.ReplaceAll(e.Message, c.key, "[redacted]")
+	return e
+}

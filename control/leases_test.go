@@ -1,0 +1,181 @@
+package control
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/gavv/httpexpect/v2"
+)
+
+type acquireBody = map[string]any
+
+func TestHomeLeaseAcquireRefreshRelease(t *testing.T) {
+	f := newFixture(t)
+	a := f.as(orgA)
+	got := a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Object()
+	got.HasValue("key", "home:acme").HasValue("holder", "worker-1").HasValue("epoch", 1).ContainsKey("acquired_at").ContainsKey("expires_at")
+	var l Lease
+	got.Decode(&l)
+
+	// Someone else of the same org is told who holds it.
+	held := a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-2", "ttl_ms": 60000}).
+		Expect().Status(http.StatusConflict).JSON().Object()
+	held.HasValue("error", "held").HasValue("holder", "worker-1").HasValue("epoch", 1).ContainsKey("expires_at")
+	held.Value("message").String().Contains("home:acme").NotContains("session:")
+
+	var r Lease
+	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "ttl_ms": 3600000}).
+		Expect().Status(http.StatusOK).JSON().Decode(&r)
+	if r.Key != "home:acme" || r.Epoch != 1 || !r.AcquiredAt.Equal(l.AcquiredAt) || !r.ExpiresAt.After(l.ExpiresAt) {
+		t.Fatalf("refreshed %+v from %+v", r, l)
+	}
+	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().
+		HasValue("held", true).HasValue("holder", "worker-1").HasValue("epoch", 1)
+
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}).
+		Expect().Status(http.StatusNoContent).NoContent()
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}).
+		Expect().Status(http.StatusNoContent)
+	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().
+		IsEqual(map[string]any{"key": "home:acme", "holder": "", "epoch": 1, "held": false})
+	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "ttl_ms": 60000}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "lost")
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-2", "epoch": 1}).
+		Expect().Status(http.StatusNoContent) // the key is free of that epoch's holding either way
+
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-2", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Object().HasValue("epoch", 2)
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "lost")
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 2}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "not_holder")
+	a.GET("/v1/leases/session:never").Expect().Status(http.StatusNotFound).JSON().Object().HasValue("error", "not_found")
+}
+
+func TestOtherOrgsAndOrgLeasesAreForbiddenAndUntouched(t *testing.T) {
+	f := newFixture(t)
+	// B holds its home, and the dispatcher holds both orgs.
+	f.as(orgB).POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:globex", "holder": "worker-b", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	for _, org := range []string{orgA, orgB} {
+		if _, err := f.leases.TryAcquire(context.Background(), "org:"+org, "dispatcher-1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := f.snapshot()
+	a := f.as(orgA)
+	for _, key := range []string{"home:globex", "home:acme-2", "home:ACME", "org:acme", "org:globex"} {
+		t.Run(key, func(t *testing.T) {
+			for _, r := range []*httpexpect.Response{
+				a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": key, "holder": "worker-a", "ttl_ms": 60000}).Expect(),
+				a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": key, "holder": "worker-a", "ttl_ms": 60000, "wait_ms": 1000}).Expect(),
+				a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": key, "holder": "worker-b", "epoch": 1, "ttl_ms": 60000}).Expect(),
+				a.POST("/v1/leases/release").WithJSON(acquireBody{"key": key, "holder": "worker-b", "epoch": 1}).Expect(),
+				a.POST("/v1/leases/release").WithJSON(acquireBody{"key": key, "holder": "dispatcher-1", "epoch": 1}).Expect(),
+				a.GET("/v1/leases/{key}", key).Expect(),
+			} {
+				r.Status(http.StatusForbidden).JSON().Object().HasValue("error", "forbidden")
+			}
+		})
+	}
+	if after := f.snapshot(); after != before {
+		t.Fatalf("a forbidden request wrote:\n%s\nthen\n%s", before, after)
+	}
+}
+
+func TestSessionLeasesAreSeparatePerOrg(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.as(orgA), f.as(orgB)
+	var la, lb Lease
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:x", "holder": "worker-a", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Decode(&la)
+	b.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:x", "holder": "worker-b", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Decode(&lb)
+	if la.Key != "session:x" || lb.Key != "session:x" || la.Epoch != 1 || lb.Epoch != 1 {
+		t.Fatalf("both hold session:x: %+v %+v", la, lb)
+	}
+	// Stored apart, under each org's name.
+	for key, holder := range map[string]string{"session:acme.x": "worker-a", "session:globex.x": "worker-b"} {
+		info, err := f.leases.Holder(context.Background(), key)
+		if err != nil || info.Holder != holder {
+			t.Fatalf("%s: %+v %v", key, info, err)
+		}
+	}
+	b.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:only-b", "holder": "worker-b", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	before := f.snapshot()
+
+	// A knows B's holder and epoch, and still reaches only its own keys.
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:x", "holder": "worker-b", "epoch": lb.Epoch}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "not_holder")
+	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "session:x", "holder": "worker-b", "epoch": lb.Epoch, "ttl_ms": 60000}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "lost")
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:only-b", "holder": "worker-b", "epoch": 1}).
+		Expect().Status(http.StatusNotFound)
+	a.GET("/v1/leases/session:only-b").Expect().Status(http.StatusNotFound)
+	// The stored form is just another session id to A: it maps into A's own keys.
+	a.GET("/v1/leases/session:globex.x").Expect().Status(http.StatusNotFound)
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:globex.x", "holder": "worker-b", "epoch": 1}).
+		Expect().Status(http.StatusNotFound)
+	if after := f.snapshot(); after != before {
+		t.Fatalf("A changed B's leases:\n%s\nthen\n%s", before, after)
+	}
+	b.GET("/v1/leases/session:x").Expect().Status(http.StatusOK).JSON().Object().
+		HasValue("key", "session:x").HasValue("holder", "worker-b").HasValue("held", true)
+}
+
+func TestWaitingAcquireGetsTheLeaseWhenReleased(t *testing.T) {
+	f := newFixture(t)
+	a := f.as(orgA)
+	var first Lease
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:turn", "holder": "first", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Decode(&first)
+
+	done := make(chan *httpexpect.Response, 1)
+	start := time.Now()
+	go func() {
+		done <- a.POST("/v1/leases/acquire").
+			WithJSON(acquireBody{"key": "session:turn", "holder": "second", "ttl_ms": 60000, "wait_ms": testMaxWait.Milliseconds()}).
+			Expect()
+	}()
+	// The waiter marks the row as waited for; release once it has.
+	for {
+		var waited bool
+		if err := f.pool.QueryRow(context.Background(),
+			`SELECT coalesce(waiting_until > now(), false) FROM leases WHERE key = 'session:acme.turn'`).Scan(&waited); err != nil {
+			t.Fatal(err)
+		}
+		if waited {
+			break
+		}
+		if time.Since(start) > testMaxWait {
+			t.Fatal("the second acquirer never waited")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:turn", "holder": "first", "epoch": first.Epoch}).
+		Expect().Status(http.StatusNoContent)
+	released := time.Now()
+	r := <-done
+	r.Status(http.StatusOK).JSON().Object().HasValue("key", "session:turn").HasValue("holder", "second").HasValue("epoch", 2)
+	// Woken by the release's notification, not by the 1s poll or the wait's end.
+	if d := time.Since(released); d > 900*time.Millisecond {
+		t.Fatalf("the waiter got the lease %s after the release", d)
+	}
+}
+
+func TestWaitingAcquireThatTimesOutSaysWhoHolds(t *testing.T) {
+	f := newFixture(t)
+	a := f.as(orgA)
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "first", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	start := time.Now()
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "second", "ttl_ms": 60000, "wait_ms": 200}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "held").HasValue("holder", "first").HasValue("epoch", 1)
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("answered after %s, before the wait was over", d)
+	}
+}
