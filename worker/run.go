@@ -327,6 +327,7 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 		if session != "" {
 			args = append(args, "--resume", session)
 		}
+		r.emit("agent_start", map[string]any{"run": run, "resume": session != ""})
 		output, code, err := r.exec(ctx, args, proxy.Path())
 		if ctx.Err() != nil {
 			return Outcome{}, errStopped
@@ -399,7 +400,9 @@ func (r *runner) exec(ctx context.Context, args []string, socket string) ([]byte
 		scriptedagent.EnvSartiq + "=" + r.cfg.SartiqBin,
 		"SARTIQ_PROXY_SOCKET=" + socket,
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group, so a stop kills everything it started; and killed with the worker, so
+	// no agent outlives the home lock its worker held.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = os.Stderr

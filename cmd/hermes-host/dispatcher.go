@@ -11,6 +11,7 @@ import (
 
 	"hermeshost/cli"
 	"hermeshost/config"
+	"hermeshost/control"
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/lease"
@@ -135,7 +136,13 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if err != nil {
 		return err
 	}
-	srv, err := service.Listen("dispatcher", s.controlAddr, ops.Router(), log, s.httpGrace)
+	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
+	if err != nil {
+		return err
+	}
+	router := ops.Router()
+	router.Handle("/v1/*", ctl.Handler())
+	srv, err := service.Listen("dispatcher", s.controlAddr, router, log, s.httpGrace)
 	if err != nil {
 		return err
 	}
@@ -159,8 +166,8 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
 		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
 		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, Log: log, Registerer: ops.Registry,
+		ControlURL: controlURL, ControlKey: func(org string) (string, error) { return control.Key(s.controlSecret, org) },
 	})
-	_ = controlURL
 	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(),
 		"instance", s.instance, "holder", d.Holder(), "status_url", srv.URL())
 	d.Run(ctx, dispatch.RunOptions{
