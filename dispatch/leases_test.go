@@ -1,0 +1,179 @@
+package dispatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"hermeshost/lease"
+	"hermeshost/sartiq"
+	"hermeshost/scriptedagent"
+)
+
+func (f *fixture) leases(t *testing.T) *lease.Store {
+	s := lease.New(f.db, lease.Options{})
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (f *fixture) jobsOf(t *testing.T, org string) map[string]int {
+	t.Helper()
+	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs WHERE organization_id = $1 GROUP BY status`, org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+// A chat turn (or any agent) holding home:acme keeps acme's jobs queued; the moment it is
+// released, the next cycle claims.
+func TestAHeldHomeLeaseHoldsTheOrgsJobsBack(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	ctx := context.Background()
+	chat, err := f.leases(t).TryAcquire(ctx, "home:acme", "dashboard/acme/chat", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := f.dispatcher(t)
+	for range 3 {
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+	}
+	if st := f.jobsOf(t, "acme"); st[sartiq.StatusQueued] != 2 {
+		t.Fatalf("acme's jobs while its home is held: %v", st)
+	}
+	if st := f.jobsOf(t, "globex"); st[sartiq.StatusCompleted] != 2 {
+		t.Fatalf("globex's jobs: %v", st)
+	}
+	if err := f.leases(t).Release(ctx, chat); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+	}
+	if st := f.jobsOf(t, "acme"); st[sartiq.StatusCompleted] != 2 {
+		t.Fatalf("acme's jobs after the home was released: %v", st)
+	}
+	// Each run held the home under its own epoch, and gave it back.
+	var epochs int
+	if err := f.db.QueryRow(ctx, `SELECT count(DISTINCT epoch) FROM lease_events WHERE key = 'home:acme' AND kind IN ('acquire', 'takeover')`).Scan(&epochs); err != nil || epochs != 3 {
+		t.Fatalf("home:acme was taken under %d epochs (%v), want 3: the chat turn's and one per job", epochs, err)
+	}
+	if info, err := f.leases(t).Holder(ctx, "home:acme"); err != nil || info.Holder != "" {
+		t.Fatalf("home:acme after the jobs: %+v %v", info, err)
+	}
+}
+
+// A new owner of an org first asks the backend: while a previous owner's job of the org is
+// still CLAIMED (and not stale), it claims nothing for the org; once that job goes stale it
+// re-claims it before anything queued.
+func TestANewOwnerWaitsForThePreviousOwnersJob(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	ctx := context.Background()
+	// A replica that died holding org:acme, with one of acme's jobs claimed.
+	if _, err := f.leases(t).TryAcquire(ctx, "org:acme", "dispatcher/dead/1-x", 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	orphan := f.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
+	if _, err := f.cfg.Bot.Claim(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	d := f.dispatcher(t)
+	if _, err := d.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.Wait()
+	if owned := d.Owned(); len(owned) != 1 || owned[0] != "globex" {
+		t.Fatalf("owned while org:acme is another's: %v", owned)
+	}
+	time.Sleep(400 * time.Millisecond) // the dead replica's lease expires
+	for range 3 {
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+	}
+	if st := f.jobsOf(t, "acme"); st[sartiq.StatusQueued] != 1 || st[sartiq.StatusClaimed] != 1 {
+		t.Fatalf("acme while the previous owner's job is fresh: %v (want one queued, one claimed, nothing new claimed)", st)
+	}
+	if !strings.Contains(strings.Join(d.Owned(), ","), "acme") {
+		t.Fatalf("acme not owned after the dead replica's lease expired: %v", d.Owned())
+	}
+	f.backend.Clock.Advance(2 * time.Minute)
+	if _, err := d.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.Wait()
+	var first string
+	if err := f.db.QueryRow(ctx, `SELECT job_id FROM claim_attempts WHERE org = 'acme' ORDER BY id LIMIT 1`).Scan(&first); err != nil || first != orphan {
+		t.Fatalf("the new owner's first acme run was %q (%v), want the re-claim of %s", first, err, orphan)
+	}
+	for range 2 {
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+	}
+	if st := f.jobsOf(t, "acme"); st[sartiq.StatusCompleted] != 2 {
+		t.Fatalf("acme's jobs: %v", st)
+	}
+}
+
+// A delivery whose home lease is taken away (forced, as an operator would) stops its agent
+// at once instead of running on beside whoever holds the home now.
+func TestLosingTheHomeLeaseStopsTheAgent(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	knobs, _ := json.Marshal(scriptedagent.Knobs{StallAtWrite: 1})
+	if err := os.WriteFile(filepath.Join(f.cfg.OrgsRoot, "acme", scriptedagent.KnobsFile), knobs, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d := f.dispatcher(t)
+	if _, err := d.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "acme's agent to start", func() bool {
+		var n int
+		_ = f.db.QueryRow(ctx, `SELECT count(*) FROM mirror_job_events e JOIN mirror_jobs m USING (job_id) WHERE m.org = 'acme' AND e.kind = 'agent_start'`).Scan(&n)
+		return n == 1
+	})
+	if _, err := f.leases(t).ForceRelease(ctx, "home:acme", "operator", "test: take the home away"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { d.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the delivery ran on after its home lease was forced away")
+	}
+	var outcome, reason string
+	if err := f.db.QueryRow(ctx, `SELECT outcome, coalesce(reason, '') FROM claim_attempts WHERE org = 'acme'`).Scan(&outcome, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if outcome == "completed" || !strings.Contains(reason, "lease") {
+		t.Fatalf("acme's run after losing its home: %s (%s)", outcome, reason)
+	}
+}

@@ -1,0 +1,210 @@
+package dispatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"hermeshost/control"
+	"hermeshost/dispatch"
+	"hermeshost/internal/hosttest"
+	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend"
+	"hermeshost/sartiq/backend/backendtest"
+	"hermeshost/scriptedagent"
+)
+
+func TestCrashedAttemptsCountReclaimsNotReleases(t *testing.T) {
+	ev := func(kinds ...string) []sartiq.Event {
+		var out []sartiq.Event
+		for _, k := range kinds {
+			out = append(out, sartiq.Event{Kind: k})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		events []sartiq.Event
+		want   int
+	}{
+		{ev("claim", "start"), 1},
+		{ev("claim", "start", "release", "claim", "start"), 1},
+		{ev("claim", "reclaim", "start", "release", "claim", "reclaim"), 3},
+	} {
+		if got := dispatch.CrashedAttempts(c.events); got != c.want {
+			t.Errorf("CrashedAttempts(%v) = %d, want %d", c.events, got, c.want)
+		}
+	}
+}
+
+// A dispatcher stopped by SIGTERM while a job runs past JOB_GRACE has the worker release
+// it: the job is queued again, not counted as an attempt, and its leases are free; the next
+// dispatcher completes it even with MAX_ATTEMPTS=1.
+func TestSIGTERMDuringAJobReleasesItUncounted(t *testing.T) {
+	b := backendtest.Start(t, backend.Config{StaleAfter: 3 * time.Second})
+	b.Clock.Follow()
+	dbURL, db := pgtest.Schema(t)
+	env := replicaEnv{dbURL: dbURL, apiURL: b.URL, gatewayURL: hosttest.DemoGateway(t, "gw-secret", "host-key"),
+		orgsRoot: filepath.Join(t.TempDir(), "orgs"), extra: []string{"JOB_GRACE=300ms", "MAX_ATTEMPTS=1"}}
+	home := filepath.Join(env.orgsRoot, "acme")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	knobs, _ := json.Marshal(scriptedagent.Knobs{StallAtWrite: 2})
+	if err := os.WriteFile(filepath.Join(home, scriptedagent.KnobsFile), knobs, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var job string // acme's job that stalls first
+	jobStatus := func() string {
+		var s string
+		if err := b.DB.QueryRow(context.Background(), `SELECT status FROM agent_jobs WHERE id = $1`, job).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	ctx := context.Background()
+	first := startReplica(t, env, "first")
+	// Running, with one category persisted: the agent is stalled at its second write.
+	waitFor(t, time.Minute, "an acme job to be running with a write accepted", func() bool {
+		err := db.QueryRow(ctx, `SELECT m.job_id FROM mirror_jobs m WHERE m.org = 'acme' AND m.status = 'RUNNING'
+			AND EXISTS (SELECT 1 FROM mirror_job_events e WHERE e.job_id = m.job_id AND e.kind = 'progress')`).Scan(&job)
+		return err == nil && jobStatus() == sartiq.StatusRunning
+	})
+	first.stop(t, 30*time.Second)
+
+	if s := jobStatus(); s != sartiq.StatusQueued {
+		t.Fatalf("after SIGTERM the job is %s, want QUEUED (released)", s)
+	}
+	var releases, reclaims, fails int
+	if err := b.DB.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'release'), count(*) FILTER (WHERE kind = 'reclaim'), count(*) FILTER (WHERE kind = 'fail')
+		FROM agent_job_events WHERE job_id = $1`, job).Scan(&releases, &reclaims, &fails); err != nil {
+		t.Fatal(err)
+	}
+	if releases != 1 || reclaims != 0 || fails != 0 {
+		t.Fatalf("backend log: %d releases, %d re-claims, %d fails; want one release only", releases, reclaims, fails)
+	}
+	var outcome, reason string
+	if err := db.QueryRow(ctx, `SELECT outcome, coalesce(reason, '') FROM claim_attempts WHERE job_id = $1 AND attempt = 1`, job).Scan(&outcome, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if outcome != "released" {
+		t.Fatalf("claim_attempts says attempt 1 %s (%s), want released", outcome, reason)
+	}
+	var held int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM leases WHERE holder IS NOT NULL`).Scan(&held); err != nil || held != 0 {
+		t.Fatalf("%d leases still held after a clean stop (%v)", held, err)
+	}
+
+	// The release did not count: with MAX_ATTEMPTS=1 the job still runs, to completion.
+	if err := os.Remove(filepath.Join(home, scriptedagent.KnobsFile)); err != nil {
+		t.Fatal(err)
+	}
+	second := startReplica(t, env, "second")
+	waitFor(t, time.Minute, "the released job to complete", func() bool { return jobStatus() == sartiq.StatusCompleted })
+	second.stop(t, 30*time.Second)
+	if err := db.QueryRow(ctx, `SELECT outcome FROM claim_attempts WHERE job_id = $1 AND attempt = 2`, job).Scan(&outcome); err != nil || outcome != "completed" {
+		t.Fatalf("attempt 2: %q %v", outcome, err)
+	}
+	raw, _ := os.ReadFile(first.log)
+	if !strings.Contains(string(raw), "grace period over") {
+		t.Errorf("the first dispatcher's log does not say it asked the worker to release:\n%s", raw)
+	}
+}
+
+// url waits for the replica's "listening" log line and returns its control API URL.
+func (r *replica) url(t *testing.T) string {
+	t.Helper()
+	var u string
+	waitFor(t, 30*time.Second, r.name+" to listen", func() bool {
+		raw, _ := os.ReadFile(r.log)
+		for _, line := range strings.Split(string(raw), "\n") {
+			var l struct{ Msg, Server, URL string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "listening" && l.Server == "dispatcher" {
+				u = l.URL
+				return true
+			}
+		}
+		return false
+	})
+	return u
+}
+
+// The dispatcher's control API, as an org's processes use it: its own org's job mirror and
+// home and session leases, nothing of another org's; /healthz and /metrics beside it.
+func TestTheDispatchersControlAPIKeepsOrgsApart(t *testing.T) {
+	b := backendtest.Start(t, backend.Config{})
+	dbURL, _ := pgtest.Schema(t)
+	env := replicaEnv{dbURL: dbURL, apiURL: b.URL, gatewayURL: hosttest.DemoGateway(t, "gw-secret", "host-key"),
+		orgsRoot: filepath.Join(t.TempDir(), "orgs"), extra: []string{"CONTROL_SECRET=control-secret-for-the-test"}}
+	r := startReplica(t, env, "control")
+	base := r.url(t)
+	waitFor(t, time.Minute, "the demo jobs to complete", func() bool { return countJobs(t, b.DB, sartiq.StatusCompleted) == 4 })
+	ctx := context.Background()
+	client := func(org string) *control.Client {
+		key, err := control.Key("control-secret-for-the-test", org)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := control.NewClient(base, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	acme, globex := client("acme"), client("globex")
+	page, err := acme.Jobs(ctx, 50, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Jobs) != 2 {
+		t.Fatalf("acme sees %d jobs, want its own 2: %+v", len(page.Jobs), page.Jobs)
+	}
+	for _, j := range page.Jobs {
+		if j.Status != sartiq.StatusCompleted {
+			t.Errorf("acme's job %s mirrored as %s", j.ID, j.Status)
+		}
+	}
+	theirs := b.DemoJob(t, "globex", sartiq.TypeProductIngest)
+	if _, err := acme.Job(ctx, theirs); !control.IsNotFound(err) {
+		t.Fatalf("acme reading globex's job: %v", err)
+	}
+	if _, err := globex.Job(ctx, theirs); err != nil {
+		t.Fatalf("globex reading its own job: %v", err)
+	}
+	if _, err := acme.Acquire(ctx, "home:globex", "acme-chat", time.Second, 0); !control.IsForbidden(err) {
+		t.Fatalf("acme taking globex's home lease: %v", err)
+	}
+	l, err := acme.Acquire(ctx, "home:acme", "acme-chat", 5*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := acme.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/healthz", "/metrics"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || (path == "/metrics" && !strings.Contains(string(body), "hermes_dispatch_claims_total")) {
+			t.Fatalf("%s: %d\n%.300s", path, resp.StatusCode, body)
+		}
+	}
+	resp, err := http.Get(base + "/v1/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the control API without a key: %d", resp.StatusCode)
+	}
+	r.stop(t, 30*time.Second)
+}
