@@ -123,7 +123,7 @@ func (d *Dispatcher) mirrorEvent(ctx context.Context, tx pgx.Tx, job string, att
 // the dispatcher stops hard.
 func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) {
 	log := d.cfg.Log.With("job", c.Job.ID, "org", c.OrganizationID)
-	outcome, reason := d.run(ctx, dl, c, kept, claimed, log)
+	outcome, reason, result := d.run(ctx, dl, c, kept, claimed, log)
 	if cause := context.Cause(ctx); errors.Is(cause, lease.ErrLost) && outcome != "completed" && outcome != "failed" {
 		reason = cause.Error()
 	}
@@ -133,8 +133,8 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 WITH a AS (
     UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2
 )
-UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), updated_at = now() WHERE job_id = $1`,
-		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome)); err != nil {
+UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), result = coalesce($6, result), updated_at = now() WHERE job_id = $1`,
+		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome), result); err != nil {
 		log.Error("record outcome", "err", err)
 	}
 	d.metrics.outcomes.WithLabelValues(outcome).Inc()
@@ -155,31 +155,31 @@ func mirrorStatus(outcome string) string {
 	return sartiq.StatusRunning
 }
 
-func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, log *slog.Logger) (outcome, reason string) {
+func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, log *slog.Logger) (outcome, reason string, result []byte) {
 	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
 	// An org's first job makes its home; the id was validated by the backend and is checked
 	// again by OpenHome.
 	if err := orghome.ValidID(c.OrganizationID); err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err)
+		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err), nil
 	}
 	home, err := orghome.OpenHome(c.OrganizationID, dir)
 	if err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	_, err = home.EnsureSoul(orghome.Identity{OrgID: c.OrganizationID, DisplayName: c.OrganizationID})
 	home.Close()
 	if err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	if _, err := d.cfg.Runtime.EnsureWorker(ctx, c.OrganizationID); err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	env, err := d.workerEnv(c)
 	if err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL, HoldStdin: true})
 	// The agent starts only while the home lease is still this delivery's: a dispatcher
@@ -187,20 +187,24 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	if err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
 		return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, "deliver", map[string]any{"home_epoch": kept.Lease().Epoch, "runtime": d.cfg.Runtime.Kind()})
 	}); err != nil {
-		return "crashed", fmt.Sprintf("deliver: %v", err)
+		return "crashed", fmt.Sprintf("deliver: %v", err), nil
 	}
 	pr, pw := io.Pipe()
 	var stderr bytes.Buffer
-	done := make(chan string, 1)
+	done := make(chan worker.Outcome, 1)
 	go func() { done <- d.record(ctx, c, kept, claimed, pr) }()
 	st, err := d.cfg.Runtime.Exec(ctx, c.OrganizationID, runtime.Command{
 		Args: []string{"hermes-host", "worker", "run-job"}, Env: env,
 		Stdin: io.MultiReader(bytes.NewReader(assignment), stopReader{dl.stop}), Stdout: pw, Stderr: &stderr,
 	})
 	pw.Close()
-	status := <-done
+	out := <-done
+	status := out.Status
+	if len(out.Result) > 0 {
+		result = out.Result
+	}
 	if err != nil {
-		return "crashed", err.Error()
+		return "crashed", err.Error(), nil
 	}
 	if status == "" {
 		status = "crashed"
@@ -211,9 +215,9 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 			tail = tail[len(tail)-500:]
 		}
 		log.Warn("worker exited", "status", st.String(), "stderr", string(tail))
-		return status, st.String()
+		return status, st.String(), nil
 	}
-	return status, ""
+	return status, out.Reason, result
 }
 
 // workerEnv is the exec environment of run-job: the job token and the org's own keys, never
@@ -238,9 +242,9 @@ func (d *Dispatcher) workerEnv(c *sartiq.Claim) ([]string, error) {
 }
 
 // record mirrors every JSON progress line of the worker, fenced by the home lease, and
-// returns its outcome status.
-func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, r io.Reader) string {
-	status := ""
+// returns its outcome.
+func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, r io.Reader) worker.Outcome {
+	var outcome worker.Outcome
 	lines := bufio.NewScanner(r)
 	lines.Buffer(make([]byte, 64<<10), 1<<20)
 	for lines.Scan() {
@@ -255,10 +259,7 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 		case "agent_start":
 			d.metrics.claimToAgent.Observe(time.Since(claimed).Seconds())
 		case "outcome":
-			var out worker.Outcome
-			if json.Unmarshal(ev.Data, &out) == nil {
-				status = out.Status
-			}
+			_ = json.Unmarshal(ev.Data, &outcome)
 		}
 		err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
 			if ev.Event == "start" {
@@ -273,5 +274,5 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 		}
 	}
 	_, _ = io.Copy(io.Discard, r)
-	return status
+	return outcome
 }
