@@ -155,40 +155,77 @@ func mirrorStatus(outcome string) string {
 	return sartiq.StatusRunning
 }
 
-func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, log *slog.Logger) (outcome, reason string, result []byte) {
+// prepare does what must hold before the worker runs: the org's home and SOUL.md, its
+// worker running, its exec environment, and the home lease still this delivery's.
+func (d *Dispatcher) prepare(ctx context.Context, c *sartiq.Claim, kept *lease.Kept) (env []string, assignment []byte, err error) {
 	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
 	// An org's first job makes its home; the id was validated by the backend and is checked
 	// again by OpenHome.
 	if err := orghome.ValidID(c.OrganizationID); err != nil {
-		return "crashed", err.Error(), nil
+		return nil, nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "crashed", fmt.Sprintf("make the home of %s: %v", c.OrganizationID, err), nil
+		return nil, nil, fmt.Errorf("make the home of %s: %w", c.OrganizationID, err)
 	}
 	home, err := orghome.OpenHome(c.OrganizationID, dir)
 	if err != nil {
-		return "crashed", err.Error(), nil
+		return nil, nil, err
 	}
 	_, err = home.EnsureSoul(orghome.Identity{OrgID: c.OrganizationID, DisplayName: c.OrganizationID})
 	home.Close()
 	if err != nil {
-		return "crashed", err.Error(), nil
+		return nil, nil, err
 	}
 	if _, err := d.cfg.Runtime.EnsureWorker(ctx, c.OrganizationID); err != nil {
-		return "crashed", err.Error(), nil
+		return nil, nil, err
 	}
-	env, err := d.workerEnv(c)
-	if err != nil {
-		return "crashed", err.Error(), nil
+	if env, err = d.workerEnv(c); err != nil {
+		return nil, nil, err
 	}
-	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL, HoldStdin: true})
+	assignment, _ = json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL, HoldStdin: true})
 	// The agent starts only while the home lease is still this delivery's: a dispatcher
 	// that woke up late after losing it never starts a second agent on the home.
 	if err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
 		return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, "deliver", map[string]any{"home_epoch": kept.Lease().Epoch, "runtime": d.cfg.Runtime.Kind()})
 	}); err != nil {
-		return "crashed", fmt.Sprintf("deliver: %v", err), nil
+		return nil, nil, fmt.Errorf("deliver: %w", err)
 	}
+	return env, assignment, nil
+}
+
+// unstarted gives back a job whose worker never started. That was the host's trouble (a
+// runtime that cannot start the org's worker, a home lease lost first), not the job's, so
+// the job is released rather than left to go stale as a crashed attempt; the org is then
+// left alone for a while (backing off up to maxBackoff) so a broken host does not claim and
+// release in a loop.
+func (d *Dispatcher) unstarted(c *sartiq.Claim, cause error, log *slog.Logger) (outcome, reason string, result []byte) {
+	reason = "the host could not start the worker: " + cause.Error()
+	d.mu.Lock()
+	wait := min(2*d.backoffStep(c.OrganizationID), maxBackoff)
+	d.backoff[c.OrganizationID] = backoff{until: time.Now().Add(wait), step: wait}
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err == nil {
+		_, err = api.Release(ctx, c.Job.ID, reason)
+	}
+	if err != nil {
+		log.Warn("release a job whose worker never started", "err", err)
+		return "crashed", reason, nil
+	}
+	log.Warn("job released: its worker never started; the org backs off", "reason", reason, "backoff", wait.String())
+	return "released", reason, nil
+}
+
+func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, log *slog.Logger) (outcome, reason string, result []byte) {
+	env, assignment, err := d.prepare(ctx, c, kept)
+	if err != nil {
+		return d.unstarted(c, err, log)
+	}
+	d.mu.Lock()
+	delete(d.backoff, c.OrganizationID)
+	d.mu.Unlock()
 	pr, pw := io.Pipe()
 	var stderr bytes.Buffer
 	done := make(chan worker.Outcome, 1)

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,12 +98,33 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	owned    map[string]*ownership
 	inFlight map[string]*delivery
+	backoff  map[string]backoff // orgs whose last worker failed to start
 	stopping bool
 
 	// hard ends every delivery at once: the last step of a shutdown.
 	hard     context.Context
 	hardStop context.CancelFunc
 	wg       sync.WaitGroup
+}
+
+// backoff keeps an org from being claimed for until; step is the wait that set it.
+type backoff struct {
+	until time.Time
+	step  time.Duration
+}
+
+// The first and longest waits after an org's worker failed to start.
+const (
+	minBackoff = 5 * time.Second
+	maxBackoff = 5 * time.Minute
+)
+
+// backoffStep is half the next wait of org (the caller holds mu).
+func (d *Dispatcher) backoffStep(org string) time.Duration {
+	if b, ok := d.backoff[org]; ok {
+		return b.step
+	}
+	return minBackoff / 2
 }
 
 type ownership struct {
@@ -142,6 +164,7 @@ func New(cfg Config) *Dispatcher {
 		holder:   fmt.Sprintf("dispatcher/%s/%d-%s", cfg.Instance, os.Getpid(), rand.Text()[:6]),
 		owned:    map[string]*ownership{},
 		inFlight: map[string]*delivery{},
+		backoff:  map[string]backoff{},
 		hard:     hard, hardStop: hardStop,
 	}
 }
@@ -165,6 +188,7 @@ type snapshot struct {
 	orgs   []string
 	queued map[string][]sartiq.Job
 	active map[string][]sartiq.Job
+	others map[string]bool // orgs another replica owns
 }
 
 // Cycle is one poll: the gateway gate first, then one list request per job type (more only
@@ -197,6 +221,18 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 			}
 		}
 		return 0, nil
+	}
+	// One read of who holds which org spares a failed acquire per org another replica owns.
+	infos, err := d.leases.List(ctx, "org:")
+	if err != nil {
+		return 0, fmt.Errorf("read org ownership: %w", err)
+	}
+	snap.others = map[string]bool{}
+	now := time.Now()
+	for _, in := range infos {
+		if in.Holder != d.holder && in.Held(now.Add(time.Second)) {
+			snap.others[strings.TrimPrefix(in.Key, "org:")] = true
+		}
 	}
 	started := 0
 	var errs []error
@@ -257,6 +293,10 @@ func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapsh
 // oldest queued one. It reports whether a job started.
 func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool, error) {
 	d.mu.Lock()
+	if b, ok := d.backoff[org]; ok && time.Now().Before(b.until) {
+		d.mu.Unlock()
+		return false, nil
+	}
 	if _, busy := d.inFlight[org]; busy {
 		if o := d.owned[org]; o != nil {
 			o.lastWork = time.Now()
@@ -270,7 +310,7 @@ func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool
 
 	active := snap.active[org]
 	if o == nil {
-		if full {
+		if full || snap.others[org] {
 			return false, nil
 		}
 		l, err := d.leases.TryAcquire(ctx, "org:"+org, d.holder, d.cfg.LeaseTTL)

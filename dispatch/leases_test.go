@@ -3,12 +3,15 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"hermeshost/dispatch/runtime"
 	"hermeshost/lease"
 	"hermeshost/sartiq"
 	"hermeshost/scriptedagent"
@@ -175,5 +178,49 @@ func TestLosingTheHomeLeaseStopsTheAgent(t *testing.T) {
 	}
 	if outcome == "completed" || !strings.Contains(reason, "lease") {
 		t.Fatalf("acme's run after losing its home: %s (%s)", outcome, reason)
+	}
+}
+
+// A host that cannot start an org's worker releases the claimed job (the host's trouble is
+// not the job's attempt) and leaves the org alone for a while instead of claiming and
+// releasing in a loop.
+func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	broken, err := runtime.NewProcess(runtime.Config{
+		Instance: "dispatch-test-broken", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
+		WorkerIdle: []string{"no-such-worker-program"}, BinDir: binDir, Output: io.Discard, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { broken.Close() })
+	f.cfg.Runtime = broken
+	d := f.dispatcher(t)
+	ctx := context.Background()
+	if n, err := d.Cycle(ctx); err != nil || n != 2 {
+		t.Fatalf("first cycle: %d started, %v", n, err)
+	}
+	d.Wait()
+	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 {
+		t.Fatalf("jobs after the workers failed to start: %v, want all four queued again", st)
+	}
+	var released, other int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'released' AND reason LIKE 'the host could not start the worker: %'),
+		count(*) FILTER (WHERE outcome IS DISTINCT FROM 'released') FROM claim_attempts`).Scan(&released, &other); err != nil {
+		t.Fatal(err)
+	}
+	if released != 2 || other != 0 {
+		t.Fatalf("claim_attempts: %d released with the reason, %d otherwise", released, other)
+	}
+	var reclaims int
+	if err := f.backend.DB.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE kind = 'reclaim'`).Scan(&reclaims); err != nil || reclaims != 0 {
+		t.Fatalf("%d re-claims (%v)", reclaims, err)
+	}
+	if n, err := d.Cycle(ctx); err != nil || n != 0 {
+		t.Fatalf("the next cycle started %d jobs (%v); the orgs should be backing off", n, err)
+	}
+	if !strings.Contains(f.logs.String(), "the org backs off") {
+		t.Fatalf("no back-off logged:\n%s", f.logs.String())
 	}
 }
