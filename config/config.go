@@ -114,7 +114,7 @@ var (
 		Usage: "the dispatcher's internal address: the control API for per-org processes, /healthz and /metrics"})
 	ControlURL = define(Var{Name: "CONTROL_URL",
 		Usage: "the control API as org containers reach it; default http://CONTROL_ADDR"})
-	ControlSecret = define(Var{Name: "CONTROL_SECRET",
+	ControlSecret = define(Var{Name: "CONTROL_SECRET", Secret: true,
 		Usage: "derives the per-org control API keys; replicas share it (the dispatcher makes one per run when unset)"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
