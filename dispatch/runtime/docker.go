@@ -214,7 +214,8 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 }
 
 // running returns the ID of the named container when it is running, is this instance's and
-// binds the current SOUL.md; any other container of that name is removed.
+// binds the current SOUL.md; any other container of that name in this scope is removed, and
+// one of another scope is left alone and reported as ErrNameTaken.
 func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string, error) {
 	info, err := d.cli.ContainerInspect(ctx, name)
 	if cerrdefs.IsNotFound(err) {
@@ -225,11 +226,16 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		return "", fmt.Errorf("inspect container %s: %w", name, err)
 	}
 	labels := info.Config.Labels
+	if labels[LabelManaged] != "true" || labels[LabelScope] != d.cfg.Scope {
+		// Another scope's (or nobody's) container: never ours to remove, running or not.
+		return "", fmt.Errorf("container %s: %w by scope %q (managed %q)", name, ErrNameTaken,
+			labels[LabelScope], labels[LabelManaged])
+	}
 	reason := ""
 	switch {
 	case info.State == nil || !info.State.Running:
 		reason = "not running"
-	case labels[LabelManaged] != "true" || labels[LabelScope] != d.cfg.Scope || labels[LabelInstance] != d.cfg.Instance:
+	case labels[LabelInstance] != d.cfg.Instance:
 		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
 	case labels[labelSoul] != fileIdentity(dirs.soul):
 		reason = "SOUL.md replaced"

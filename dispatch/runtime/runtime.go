@@ -124,6 +124,9 @@ var (
 	ErrNotRunning = errors.New("worker not running")
 	ErrWorkerGone = errors.New("worker gone")
 	ErrNoSoul     = errors.New("org home has no SOUL.md")
+	// ErrNameTaken says an org's container name is held on the engine by a container of
+	// another scope (or one not managed by the host), which is never removed.
+	ErrNameTaken = errors.New("container name taken")
 )
 
 var orgPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -161,7 +164,8 @@ type Config struct {
 	Instance string
 	// Scope sets apart runtimes that share an engine but must never remove each other's
 	// containers, such as a test suite beside a real host (Docker only); default
-	// "hermes". Container names are still one per org on an engine.
+	// "hermes". Container names are still one per org on an engine: an ensure that finds
+	// the name held by another scope fails with ErrNameTaken.
 	Scope string
 	// OrgsRoot holds one HERMES_HOME per org, <OrgsRoot>/<org>, each with a SOUL.md.
 	OrgsRoot string

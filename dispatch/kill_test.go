@@ -1,0 +1,92 @@
+package dispatch_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"hermeshost/dispatch/runtime"
+)
+
+// On the process runtime a worker is the org's long-lived unit process with each job's
+// `hermes-host worker run-job` beside it: either may die under a job.
+func TestKilledWorkerProcessJobIsReclaimedAndCompleted(t *testing.T) {
+	t.Run("WorkerUnit", func(t *testing.T) {
+		f := newFixture(t, true)
+		var killed runtime.Unit
+		reason := killMidJob(t, f, func(t *testing.T) {
+			killed = workerUnit(t, f.cfg.Runtime, "acme")
+			pid, err := strconv.Atoi(killed.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The unit's own process only: its death must take the job along.
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill %s (pid %d): %v", killed.Name, pid, err)
+			}
+		})
+		if !strings.Contains(reason, runtime.ErrWorkerGone.Error()) {
+			t.Errorf("attempt 1 ended %q, want the worker gone", reason)
+		}
+		if now := workerUnit(t, f.cfg.Runtime, "acme"); !now.Running || now.ID == killed.ID {
+			t.Errorf("acme's worker after the re-claim: %+v, want a fresh process in place of pid %s", now, killed.ID)
+		}
+	})
+	t.Run("RunJob", func(t *testing.T) {
+		f := newFixture(t, true)
+		var unit runtime.Unit
+		reason := killMidJob(t, f, func(t *testing.T) {
+			unit = workerUnit(t, f.cfg.Runtime, "acme")
+			pid := runJobPID(t, "acme")
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill run-job (pid %d): %v", pid, err)
+			}
+		})
+		if want := "exit " + strconv.Itoa(128+int(syscall.SIGKILL)); reason != want {
+			t.Errorf("attempt 1 ended %q, want %q", reason, want)
+		}
+		// Only the job died: the re-claim ran in the same worker.
+		if now := workerUnit(t, f.cfg.Runtime, "acme"); !now.Running || now.ID != unit.ID {
+			t.Errorf("acme's worker after the re-claim: %+v, want the same process, pid %s", now, unit.ID)
+		}
+	})
+}
+
+// runJobPID finds the `hermes-host worker run-job` this test process started for org.
+func runJobPID(t *testing.T, org string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join("/proc", e.Name())
+		cmdline, err1 := os.ReadFile(filepath.Join(dir, "cmdline"))
+		environ, err2 := os.ReadFile(filepath.Join(dir, "environ"))
+		stat, err3 := os.ReadFile(filepath.Join(dir, "stat"))
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue // ended while we looked, or not ours to read
+		}
+		args := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+		// stat: pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(args) == 3 && filepath.Base(args[0]) == "hermes-host" && args[1] == "worker" && args[2] == "run-job" &&
+			len(fields) > 1 && fields[1] == strconv.Itoa(os.Getpid()) &&
+			bytes.Contains(append([]byte{0}, environ...), []byte("\x00HERMES_ORG="+org+"\x00")) {
+			found = append(found, pid)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("run-job processes of %s started by this test: %v, want one", org, found)
+	}
+	return found[0]
+}
