@@ -5,13 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
+	"hermeshost/internal/hosttest"
 	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
 	"hermeshost/scriptedagent"
@@ -121,10 +120,6 @@ func useDocker(t *testing.T, f *fixture) *dockerRuntime {
 // e2eScopePrefix starts the runtime scope of every test here.
 const e2eScopePrefix = "dispatch-e2e-"
 
-// demoOrgsLock is taken by every test that runs the demo orgs' containers: their names
-// (hermes-org-acme, ...) are one per engine, whatever the scope.
-var demoOrgsLock = filepath.Join(os.TempDir(), "hermes-demo-org-containers.lock")
-
 // reserveDemoOrgNames holds demoOrgsLock until the test ends (so that this suite's tests,
 // from any checkout, take turns), removes what a killed run of the suite left, then waits
 // until no other runtime (another package's tests, a local `hermes-host dev`) holds a demo
@@ -133,22 +128,8 @@ var demoOrgsLock = filepath.Join(os.TempDir(), "hermes-demo-org-containers.lock"
 func reserveDemoOrgNames(t *testing.T, engine *client.Client) {
 	t.Helper()
 	const within = 90 * time.Second
-	lock, err := os.OpenFile(demoOrgsLock, os.O_RDWR|os.O_CREATE, 0o666)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lock.Close() }) // closing drops the lock
+	hosttest.LockDemoOrgContainers(t, within)
 	deadline := time.Now().Add(within)
-	for {
-		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			t.Fatalf("lock %s (another test runs the demo orgs' containers): %v", demoOrgsLock, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 	// Under the lock no other test of this suite runs: containers of its scopes are left
 	// by a run that was killed before its cleanup.
 	left, err := engine.ContainerList(context.Background(), container.ListOptions{All: true,

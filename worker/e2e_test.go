@@ -72,6 +72,7 @@ func newWorld(t *testing.T, kind string) *world {
 		rt, err2 = runtime.NewProcess(cfg)
 	case "docker":
 		requireEngine(t)
+		hosttest.LockDemoOrgContainers(t, 3*time.Minute)
 		rt, err2 = runtime.NewDocker(context.Background(), cfg)
 	}
 	if err2 != nil {
@@ -402,8 +403,11 @@ func TestUnknownTypeFailsLoudly(t *testing.T) {
 }
 
 // agentPIDs are the running scripted agents (and their children) with their environments.
-func agentProcs(t *testing.T) map[int]string {
+// agentProcs lists the scripted agents this world started, told apart from other tests'
+// (other packages run beside this one) by the world's own gateway in their environment.
+func (w *world) agentProcs(t *testing.T) map[int]string {
 	t.Helper()
+	mine := []byte(scriptedagent.EnvBaseURL + "=" + w.gateway + "/v1\x00")
 	procs := map[int]string{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -416,6 +420,9 @@ func agentProcs(t *testing.T) map[int]string {
 			continue
 		}
 		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if !bytes.Contains(env, mine) {
+			continue
+		}
 		procs[pid] = string(cmdline) + "\n" + string(env)
 	}
 	return procs
@@ -438,7 +445,7 @@ func TestReclaimMidRunStopsTheAgentAndTheTokenIsNeverInItsReach(t *testing.T) {
 		var seen map[int]string
 		for range 600 {
 			if len(w.guidelines(ctx, job)) == 2 {
-				if seen = agentProcs(t); len(seen) > 0 {
+				if seen = w.agentProcs(t); len(seen) > 0 {
 					break
 				}
 			}
@@ -485,7 +492,7 @@ func TestReclaimMidRunStopsTheAgentAndTheTokenIsNeverInItsReach(t *testing.T) {
 		if r.outcome.Status != "taken_away" || r.status.Code == 0 {
 			t.Fatalf("outcome %+v exit %v\n%s", r.outcome, r.status, r.stderr)
 		}
-		if left := agentProcs(t); len(left) > 0 {
+		if left := w.agentProcs(t); len(left) > 0 {
 			t.Fatalf("agents left running: %v", left)
 		}
 		// The old token can write nothing more.
