@@ -76,6 +76,13 @@ func TestSIGTERMDuringAJobReleasesItUncounted(t *testing.T) {
 			AND EXISTS (SELECT 1 FROM mirror_job_events e WHERE e.job_id = m.job_id AND e.kind = 'progress')`).Scan(&job)
 		return err == nil && jobStatus() == sartiq.StatusRunning
 	})
+	// Its worker's heartbeats reach the backend, with the progress it reports.
+	waitFor(t, 30*time.Second, "a heartbeat with progress at the backend", func() bool {
+		var n int
+		_ = b.DB.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE job_id = $1 AND kind = 'progress'
+			AND data->>'accepted_writes' IS NOT NULL`, job).Scan(&n)
+		return n > 0
+	})
 	first.stop(t, 30*time.Second)
 
 	if s := jobStatus(); s != sartiq.StatusQueued {

@@ -262,7 +262,7 @@ func (r *runner) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) 
 				return
 			case <-t.C:
 			}
-			progress, _ := json.Marshal(map[string]any{"persisted": r.check.Categories(), "accepted_writes": r.acceptedWrites()})
+			progress := map[string]any{"persisted": r.check.Categories(), "accepted_writes": r.acceptedWrites()}
 			_, err := r.api.Heartbeat(ctx, r.job.ID, progress)
 			if sartiq.IsConflict(err) {
 				r.cfg.Log.Warn("heartbeat refused: the job was taken away; stopping the agent", "job", r.job.ID)

@@ -543,7 +543,18 @@ func (d *Docker) Stop(ctx context.Context, org string, role Role) error {
 	name := UnitName(org, role)
 	defer d.locks.lock(name)()
 	d.forget(name, "")
-	if err := d.remove(ctx, name); err != nil {
+	info, err := d.cli.ContainerInspect(ctx, name)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("inspect container %s: %w", name, err)
+	}
+	if labels := info.Config.Labels; labels[LabelManaged] != "true" || labels[LabelScope] != d.cfg.Scope {
+		// Another scope's container under the org's name: not ours to stop.
+		return fmt.Errorf("stop container %s: %w by scope %q (managed %q)", name, ErrNameTaken, labels[LabelScope], labels[LabelManaged])
+	}
+	if err := d.remove(ctx, info.ID); err != nil {
 		return err
 	}
 	d.log.Info("container stopped", "container", name)

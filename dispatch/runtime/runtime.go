@@ -40,7 +40,8 @@ type Runtime interface {
 	// worker, when SOUL.md was replaced.
 	EnsureDashboard(ctx context.Context, org string, d Dashboard) (Ensured, error)
 	// Stop stops and removes the org's unit of the given role; stopping what is not
-	// running is not an error.
+	// running is not an error. A container of another scope under the unit's name is
+	// left alone: ErrNameTaken.
 	Stop(ctx context.Context, org string, role Role) error
 	// List reports the units this host instance owns, running or not.
 	List(ctx context.Context) ([]Unit, error)

@@ -30,6 +30,14 @@ func TestDockerNeverRemovesAnotherScopesContainer(t *testing.T) {
 		t.Errorf("the owner's worker after the neighbour's ensure printed %q", out)
 	}
 
+	// Nor to stop.
+	if err := neighbour.Stop(ctx, org, RoleWorker); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("another scope's stop of %s: %v, want ErrNameTaken", held.Name, err)
+	}
+	if out, _, _ := run(t, owner, org, "after the stop\n", nil, "testagent", "echo"); out != "after the stop\n" {
+		t.Errorf("the owner's worker after the neighbour's stop printed %q", out)
+	}
+
 	// An exited container of another scope is not the neighbour's to clear either.
 	killContainer(t, owner, held.Unit)
 	if _, err := neighbour.EnsureWorker(ctx, org); !errors.Is(err, ErrNameTaken) {
