@@ -103,6 +103,7 @@ func devCommand() *cli.Command {
 				}
 				ds.dbURL, ds.apiURL, ds.bot = url, backendSrv.URL(), bs.cfg.BotToken
 				ds.controlAddr = *controlAddr
+				ds.stopUnits = true
 				ds.gatewayURL, ds.gatewayKey, ds.gatewaySec = gatewayURL, gw.hostKey, gw.secret
 				if _, set := os.LookupEnv(config.HermesBin.Name); !set {
 					// Offline, the scripted agent built beside hermes-host plays Hermes.

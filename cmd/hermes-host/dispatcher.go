@@ -39,6 +39,9 @@ type dispatcherSettings struct {
 	controlAddr, controlURL  string
 	controlSecret            service.Secret
 	runtime                  string
+	// stopUnits removes the org containers on exit (dev: a local run leaves nothing
+	// behind); a production dispatcher leaves them for its next start to adopt.
+	stopUnits bool
 }
 
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
@@ -121,6 +124,9 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		return err
 	}
 	defer rt.Close()
+	if s.stopUnits {
+		defer stopUnits(rt, log)
+	}
 	if err := migrations.Host.Up(ctx, s.dbURL, log); err != nil {
 		return err
 	}
@@ -185,6 +191,25 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	})
 	log.Info("dispatcher stopped")
 	return nil
+}
+
+// stopUnits stops and removes every unit the runtime runs for this instance.
+func stopUnits(rt runtime.Runtime, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	units, err := rt.List(ctx)
+	if err != nil {
+		log.Warn("list org units to stop", "err", err)
+		return
+	}
+	for _, u := range units {
+		if err := rt.Stop(ctx, u.Org, u.Role); err != nil {
+			log.Warn("stop org unit", "unit", u.Name, "err", err)
+		}
+	}
+	if len(units) > 0 {
+		log.Info("org units stopped", "count", len(units))
+	}
 }
 
 // openRuntime opens the runtime HERMES_RUNTIME names; auto picks Docker when an engine
