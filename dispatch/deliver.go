@@ -240,6 +240,10 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	if len(out.Result) > 0 {
 		result = out.Result
 	}
+	if errors.Is(err, runtime.ErrNotRunning) {
+		// The worker was gone before run-job could start in it (reaped as idle, say).
+		return d.unstarted(c, err, log)
+	}
 	if err != nil {
 		return "crashed", err.Error(), nil
 	}
