@@ -108,9 +108,17 @@ func (f *fixture) dispatcher(t *testing.T) *dispatch.Dispatcher {
 	return d
 }
 
+// statuses counts the backend's jobs by status.
 func (f *fixture) statuses(t *testing.T) map[string]int {
 	t.Helper()
-	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs GROUP BY status`)
+	return f.jobsOf(t, "")
+}
+
+// jobsOf counts org's jobs at the backend by status; every org's when org is empty.
+func (f *fixture) jobsOf(t *testing.T, org string) map[string]int {
+	t.Helper()
+	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs
+		WHERE $1 = '' OR organization_id = $1 GROUP BY status`, org)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,25 +23,6 @@ func (f *fixture) leases(t *testing.T) *lease.Store {
 	return s
 }
 
-func (f *fixture) jobsOf(t *testing.T, org string) map[string]int {
-	t.Helper()
-	rows, err := f.backend.DB.Query(context.Background(), `SELECT status, count(*) FROM agent_jobs WHERE organization_id = $1 GROUP BY status`, org)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[s] = n
-	}
-	return out
-}
-
 // A chat turn (or any agent) holding home:acme keeps acme's jobs queued; the moment it is
 // released, the next cycle claims.
 func TestAHeldHomeLeaseHoldsTheOrgsJobsBack(t *testing.T) {
