@@ -62,7 +62,7 @@ func (d *Dispatcher) start(ctx context.Context, dl *delivery, claim *sartiq.Clai
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		defer d.abandon(claim.OrganizationID, dl)
+		defer d.giveBack(claim.OrganizationID, dl)
 		defer dl.cancel()
 		defer dl.askToStop()
 		kept := d.leases.Keep(dl.ctx, dl.home, d.cfg.LeaseTTL)

@@ -426,7 +426,7 @@ func (d *Dispatcher) claim(ctx context.Context, org string, job sartiq.Job) (boo
 	}
 	c, err := d.cfg.Bot.Claim(ctx, job.ID)
 	if err != nil {
-		d.abandon(org, dl)
+		d.giveBack(org, dl)
 		if sartiq.IsConflict(err) {
 			return false, nil
 		}
@@ -437,8 +437,9 @@ func (d *Dispatcher) claim(ctx context.Context, org string, job sartiq.Job) (boo
 	return true, nil
 }
 
-// abandon frees a reserved slot whose claim did not happen, giving the home lease back.
-func (d *Dispatcher) abandon(org string, dl *delivery) {
+// giveBack ends org's hold on a run, claimed or not: the home lease is released and the
+// org's slot freed.
+func (d *Dispatcher) giveBack(org string, dl *delivery) {
 	if dl.home.Key != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/lease"
 	"hermeshost/sartiq"
@@ -203,5 +204,51 @@ func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
 	}
 	if !strings.Contains(f.logs.String(), "the org backs off") {
 		t.Fatalf("no back-off logged:\n%s", f.logs.String())
+	}
+}
+
+// Run keeps the side work going beside the cycles: workers idle past their timeout are
+// reaped, and a lease its holder left to expire is swept into an expiry event; at the end
+// the org leases are given back.
+func TestRunReapsIdleWorkersAndSweepsExpiredLeases(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	rt, err := runtime.NewProcess(runtime.Config{
+		Instance: "dispatch-test-reap", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
+		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
+		Logger: slog.New(slog.DiscardHandler), IdleTimeout: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	f.cfg.Runtime = rt
+	ctx := context.Background()
+	if _, err := f.leases(t).TryAcquire(ctx, "session:left-behind", "a dashboard that died", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	d := f.dispatcher(t)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Run(runCtx, dispatch.RunOptions{Poll: 100 * time.Millisecond, Reap: 100 * time.Millisecond, Sweep: 100 * time.Millisecond})
+	}()
+	waitFor(t, time.Minute, "the demo jobs to complete", func() bool { return f.statuses(t)[sartiq.StatusCompleted] == 4 })
+	waitFor(t, 30*time.Second, "the idle workers to be reaped", func() bool {
+		units, err := rt.List(ctx)
+		return err == nil && len(units) == 0
+	})
+	waitFor(t, 30*time.Second, "the expired lease to be swept", func() bool {
+		var n int
+		_ = f.db.QueryRow(ctx, `SELECT count(*) FROM lease_events WHERE key = 'session:left-behind' AND kind = 'expire'`).Scan(&n)
+		return n == 1
+	})
+	stop()
+	<-done
+	var held int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM leases WHERE key LIKE 'org:%' AND holder IS NOT NULL`).Scan(&held); err != nil || held != 0 {
+		t.Fatalf("%d org leases held after Run returned (%v)", held, err)
 	}
 }

@@ -32,14 +32,14 @@ func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (b
 	}
 	events, err := d.cfg.Bot.ListEvents(ctx, job.ID)
 	if err != nil {
-		d.abandon(org, dl)
+		d.giveBack(org, dl)
 		return false, fmt.Errorf("attempts of job %s: %w", job.ID, err)
 	}
 	crashed := CrashedAttempts(events)
 	d.checkAttempts(ctx, job, crashed)
 	c, err := d.cfg.Bot.Reclaim(ctx, job.ID)
 	if err != nil {
-		d.abandon(org, dl)
+		d.giveBack(org, dl)
 		if sartiq.IsConflict(err) {
 			return false, nil
 		}
@@ -51,7 +51,7 @@ func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (b
 			d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
 		}
 		d.giveUp(ctx, c, crashed)
-		d.abandon(org, dl)
+		d.giveBack(org, dl)
 		return false, nil
 	}
 	d.cfg.Log.Warn("re-claimed a stale job", "job", job.ID, "org", org, "crashed_attempts", crashed)

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -90,6 +91,24 @@ func (r *replica) stop(t *testing.T, within time.Duration) {
 	case <-time.After(within):
 		t.Fatalf("%s did not stop within %s of SIGTERM", r.name, within)
 	}
+}
+
+// url waits for the replica's "listening" log line and returns its control API URL.
+func (r *replica) url(t *testing.T) string {
+	t.Helper()
+	var u string
+	waitFor(t, 30*time.Second, r.name+" to listen", func() bool {
+		raw, _ := os.ReadFile(r.log)
+		for _, line := range strings.Split(string(raw), "\n") {
+			var l struct{ Msg, Server, URL string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "listening" && l.Server == "dispatcher" {
+				u = l.URL
+				return true
+			}
+		}
+		return false
+	})
+	return u
 }
 
 func countJobs(t *testing.T, db *pgxpool.Pool, status string) int {

@@ -124,24 +124,6 @@ func TestSIGTERMDuringAJobReleasesItUncounted(t *testing.T) {
 	}
 }
 
-// url waits for the replica's "listening" log line and returns its control API URL.
-func (r *replica) url(t *testing.T) string {
-	t.Helper()
-	var u string
-	waitFor(t, 30*time.Second, r.name+" to listen", func() bool {
-		raw, _ := os.ReadFile(r.log)
-		for _, line := range strings.Split(string(raw), "\n") {
-			var l struct{ Msg, Server, URL string }
-			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "listening" && l.Server == "dispatcher" {
-				u = l.URL
-				return true
-			}
-		}
-		return false
-	})
-	return u
-}
-
 // The dispatcher's control API, as an org's processes use it: its own org's job mirror and
 // home and session leases, nothing of another org's; /healthz and /metrics beside it.
 func TestTheDispatchersControlAPIKeepsOrgsApart(t *testing.T) {

@@ -221,20 +221,7 @@ func (w *world) jobType(ctx context.Context, id string) string {
 
 func (w *world) guidelines(ctx context.Context, job string) []string {
 	w.t.Helper()
-	rows, err := w.backend.DB.Query(ctx, `SELECT category FROM guidelines_proposals WHERE job_id = $1 ORDER BY category`, job)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	defer rows.Close()
-	var cats []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			w.t.Fatal(err)
-		}
-		cats = append(cats, c)
-	}
-	return cats
+	return w.column(w.backend.DB.Query(ctx, `SELECT category FROM guidelines_proposals WHERE job_id = $1 ORDER BY category`, job))
 }
 
 func (w *world) sessions(ctx context.Context, org string) []orghome.Session {

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"hermeshost/gateway"
 	"hermeshost/sartiq"
 	"hermeshost/scriptedagent"
@@ -134,23 +136,20 @@ func runInProcess(ctx context.Context, cfg worker.Config, claim *sartiq.Claim, e
 // eventKinds is the job's backend log, oldest first.
 func (w *world) eventKinds(ctx context.Context, job string) []string {
 	w.t.Helper()
-	rows, err := w.backend.DB.Query(ctx, `SELECT kind FROM agent_job_events WHERE job_id = $1 ORDER BY id`, job)
+	return w.column(w.backend.DB.Query(ctx, `SELECT kind FROM agent_job_events WHERE job_id = $1 ORDER BY id`, job))
+}
+
+// column collects a one-column text query, failing the test on any error.
+func (w *world) column(rows pgx.Rows, err error) []string {
+	w.t.Helper()
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	defer rows.Close()
-	var kinds []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			w.t.Fatal(err)
-		}
-		kinds = append(kinds, k)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
 		w.t.Fatal(err)
 	}
-	return kinds
+	return out
 }
 
 // requireReleased checks that the job went back to the queue without counting an attempt.

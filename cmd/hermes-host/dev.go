@@ -109,7 +109,7 @@ func devCommand() *cli.Command {
 					// Offline, the scripted agent built beside hermes-host plays Hermes.
 					ds.workerEnv = append(ds.workerEnv, config.HermesBin.Name+"=scripted-agent")
 				}
-				g.Go(func() error { return runDispatcher(gctx, log, ds, nil) })
+				g.Go(func() error { return runDispatcher(gctx, log, ds) })
 				return g.Wait()
 			}
 		},

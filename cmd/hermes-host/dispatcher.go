@@ -86,17 +86,16 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 
 // runDispatcher polls until ctx ends, then stops claiming, lets the jobs in flight finish
 // within JOB_GRACE (else has them released) and gives up its leases. A shutdown that
-// arrives while it is still starting is a clean stop, not an error. ready, when set, hears
-// the control API's URL once it serves.
-func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings, ready func(controlURL string)) error {
-	err := dispatchUntilDone(ctx, log, s, ready)
+// arrives while it is still starting is a clean stop, not an error.
+func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
+	err := dispatchUntilDone(ctx, log, s)
 	if err != nil && ctx.Err() != nil {
 		return nil
 	}
 	return err
 }
 
-func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettings, ready func(string)) error {
+func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
 	if s.instance == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -163,9 +162,6 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		<-served
 	}()
 	go func() { served <- srv.Serve(srvCtx) }()
-	if ready != nil {
-		ready(srv.URL())
-	}
 
 	d := dispatch.New(dispatch.Config{
 		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, OrgsRoot: s.orgsRoot,
@@ -247,7 +243,7 @@ func dispatcherCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return runDispatcher(ctx, log, s, nil)
+				return runDispatcher(ctx, log, s)
 			}
 		},
 	}
