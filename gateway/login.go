@@ -302,17 +302,18 @@ func (l *Login) persistFailed(err error) {
 // persistSucceeded clears the alarm. Called with writeMu held.
 func (l *Login) persistSucceeded() {
 	l.mu.Lock()
-	was := l.pending
-	if was {
-		l.pending = false
-		close(l.synced)
-	}
+	was, synced := l.pending, l.synced
+	l.pending = false
 	l.mu.Unlock()
-	if was {
-		l.metrics.persistPending.Set(0)
-		l.health.Alarm(alarmPersist, "")
-		l.log.Info("gateway login: auth.json holds the rotated login again", "path", l.path)
+	if !was {
+		return
 	}
+	// The alarm and gauge come down before Synced fires, so whoever waits on it
+	// sees the gateway healthy.
+	l.metrics.persistPending.Set(0)
+	l.health.Alarm(alarmPersist, "")
+	l.log.Info("gateway login: auth.json holds the rotated login again", "path", l.path)
+	close(synced)
 }
 
 // persistLoop retries a failed write with backoff until one succeeds.
