@@ -13,6 +13,7 @@ type Kept struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	stop   chan struct{}
+	once   sync.Once
 	done   chan struct{}
 
 	mu    sync.Mutex
@@ -33,11 +34,7 @@ func (k *Kept) Lease() Lease {
 
 // Stop ends the refreshing (it does not release) and returns the lease as last refreshed.
 func (k *Kept) Stop() Lease {
-	select {
-	case <-k.stop:
-	default:
-		close(k.stop)
-	}
+	k.once.Do(func() { close(k.stop) })
 	<-k.done
 	return k.Lease()
 }

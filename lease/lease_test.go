@@ -410,6 +410,36 @@ func TestKeepCancelsWhenRefreshIsRefused(t *testing.T) {
 	k.Stop()
 }
 
+func TestKeepStopFromManyGoroutinesReturnsTheLeaseAndKeepsItHeld(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	l, err := f.store.TryAcquire(ctx, "home:stopped-twice", "worker", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := f.store.Keep(ctx, l, time.Minute)
+	var wg sync.WaitGroup
+	got := make([]Lease, 64)
+	start := make(chan struct{})
+	for i := range got {
+		wg.Go(func() {
+			<-start
+			got[i] = k.Stop()
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, g := range got {
+		if g.Key != l.Key || g.Epoch != l.Epoch {
+			t.Fatalf("Stop %d returned %+v, want the kept lease %+v", i, g, l)
+		}
+	}
+	// Stopping does not release: the lease is still held by its holder.
+	if info, _ := f.store.Holder(ctx, l.Key); info.Holder != "worker" || info.Epoch != l.Epoch {
+		t.Fatalf("after Stop: %+v", info)
+	}
+}
+
 func TestSweepRecordsUnnoticedExpiry(t *testing.T) {
 	f := newFixture(t, Options{Poll: 20 * time.Second})
 	ctx := context.Background()
