@@ -256,7 +256,7 @@ func TestCallThroughTheProxySocket(t *testing.T) {
 func TestHermesHostSartiqSubcommand(t *testing.T) {
 	b := backendtest.Start(t, backend.Config{})
 	buildSartiq(t)
-	hh := filepath.Join(filepath.Dir(sartiqBin), "hermes-host")
+	hh := filepath.Join(t.TempDir(), "hermes-host")
 	if err := os.Link(sartiqBin, hh); err != nil {
 		t.Fatal(err)
 	}
