@@ -52,7 +52,7 @@ func (s *Store) Keep(ctx context.Context, l Lease, ttl time.Duration) *Kept {
 	}
 	// The lease is certainly ours until the earlier of its recorded expiry and ttl from now.
 	deadline := time.Now().Add(min(ttl, time.Until(l.ExpiresAt)))
-	wakeups, unsubscribe := s.ensureListener(kctx).subscribe(l.Key)
+	wakeups, unsubscribe := s.ensureListener(kctx).Subscribe(l.Key)
 	go func() {
 		defer close(k.done)
 		defer unsubscribe()

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/pg"
 )
 
 // Store is the lease table of one database.
@@ -23,7 +25,7 @@ type Store struct {
 	channel string
 
 	listenOnce sync.Once
-	listener   *listener
+	listener   *pg.Listener
 }
 
 // Options tune a Store; the zero value is usable.
@@ -53,7 +55,7 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 // Close stops the notification listener, if one was started.
 func (s *Store) Close() {
 	if s.listener != nil {
-		s.listener.close()
+		s.listener.Close()
 	}
 }
 
