@@ -75,6 +75,13 @@ func (l *Listener) Subscribe(payload string) (<-chan struct{}, func()) {
 	}
 }
 
+// Subscribed reports whether anyone waits for payload.
+func (l *Listener) Subscribed(payload string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.waiters[payload]) > 0
+}
+
 func (l *Listener) wake(payload string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
