@@ -109,10 +109,11 @@ func TestAPanicIsAPlain500(t *testing.T) {
 func TestNewServerRefusesAnIncompleteConfig(t *testing.T) {
 	f := newFixture(t)
 	for name, cfg := range map[string]Config{
-		"no database":   {Leases: f.leases, Secret: testSecret},
-		"no leases":     {DB: f.pool, Secret: testSecret},
-		"no secret":     {DB: f.pool, Leases: f.leases},
-		"negative wait": {DB: f.pool, Leases: f.leases, Secret: testSecret, MaxWait: -time.Second},
+		"no database":   {Leases: f.leases, Subagents: f.subs, Secret: testSecret},
+		"no leases":     {DB: f.pool, Subagents: f.subs, Secret: testSecret},
+		"no subagents":  {DB: f.pool, Leases: f.leases, Secret: testSecret},
+		"no secret":     {DB: f.pool, Leases: f.leases, Subagents: f.subs},
+		"negative wait": {DB: f.pool, Leases: f.leases, Subagents: f.subs, Secret: testSecret, MaxWait: -time.Second},
 	} {
 		if _, err := NewServer(cfg); err == nil {
 			t.Errorf("%s: accepted", name)

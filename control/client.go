@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"hermeshost/subagent"
 )
 
 // maxResponse bounds what the client reads of one response (a job with MaxJobEvents large
@@ -44,7 +46,7 @@ func NewClient(baseURL, key string, hc *http.Client) (*Client, error) {
 
 // APIError is an answer of the API other than success.
 type APIError struct {
-	Op      string // jobs, job, acquire, refresh, release or holder
+	Op      string // jobs, job, acquire, refresh, release, holder, or a subagent call
 	Status  int
 	Code    string // the API's error code (CodeHeld, CodeLost, ...)
 	Message string
@@ -223,3 +225,81 @@ func (c *Client) errorFrom(op string, status int, data []byte) *APIError {
 	e.Message = strings.ReplaceAll(e.Message, c.key, "[redacted]")
 	return e
 }
+
+// IsEnded reports whether err is a subagent call refused because the subagent has ended.
+func IsEnded(err error) bool { e := apiError(err); return e != nil && e.Code == CodeEnded }
+
+// StartSubagent is the subagent_start hook: it records a running child of the org.
+// Repeating it for the same child returns the existing handle.
+func (c *Client) StartSubagent(ctx context.Context, st subagent.Start) (subagent.Handle, error) {
+	var h subagent.Handle
+	err := c.do(ctx, "start subagent", http.MethodPost, "/v1/subagents", nil, st, &h)
+	return h, err
+}
+
+// StopSubagent is the subagent_stop hook: status is subagent.Done or subagent.Failed.
+func (c *Client) StopSubagent(ctx context.Context, id, status, summary string) (subagent.Handle, error) {
+	var h subagent.Handle
+	err := c.do(ctx, "stop subagent", http.MethodPost, subagentPath(id, "/stop"), nil, stopRequest{Status: status, Summary: summary}, &h)
+	return h, err
+}
+
+// Subagents lists the org's subagents, newest first (p as subagent.List takes it).
+func (c *Client) Subagents(ctx context.Context, p subagent.ListParams) ([]subagent.Handle, error) {
+	q := url.Values{}
+	if p.Status != "" {
+		q.Set("status", p.Status)
+	}
+	if p.JobID != "" {
+		q.Set("job_id", p.JobID)
+	}
+	if p.Limit != 0 {
+		q.Set("limit", strconv.Itoa(p.Limit))
+	}
+	var l SubagentList
+	err := c.do(ctx, "subagents", http.MethodGet, "/v1/subagents", q, nil, &l)
+	return l.Subagents, err
+}
+
+// Subagent is one of the org's subagents with its newest messages.
+func (c *Client) Subagent(ctx context.Context, id string) (SubagentDetail, error) {
+	var d SubagentDetail
+	err := c.do(ctx, "subagent", http.MethodGet, subagentPath(id, ""), nil, nil, &d)
+	return d, err
+}
+
+// SendSubagent queues body from sender in a running subagent's mailbox.
+func (c *Client) SendSubagent(ctx context.Context, id, sender, body string) (subagent.Message, error) {
+	var m subagent.Message
+	err := c.do(ctx, "send", http.MethodPost, subagentPath(id, "/messages"), nil, sendRequest{Sender: sender, Body: body}, &m)
+	return m, err
+}
+
+// CancelSubagent asks a running subagent to stop, saying who asks and why.
+func (c *Client) CancelSubagent(ctx context.Context, id, actor, reason string) (subagent.Handle, error) {
+	var h subagent.Handle
+	err := c.do(ctx, "cancel", http.MethodPost, subagentPath(id, "/cancel"), nil, cancelRequest{Actor: actor, Reason: reason}, &h)
+	return h, err
+}
+
+// Mailbox is the child's side: its unacknowledged messages and whether it must stop,
+// waiting up to wait (rounded up to milliseconds; at most the server's maximum) while there
+// is neither.
+func (c *Client) Mailbox(ctx context.Context, id string, wait time.Duration) (subagent.Mailbox, error) {
+	q := url.Values{}
+	if wait > 0 {
+		q.Set("wait_ms", strconv.FormatInt(ceilMillis(wait), 10))
+	}
+	var box subagent.Mailbox
+	err := c.do(ctx, "mailbox", http.MethodGet, subagentPath(id, "/mailbox"), q, nil, &box)
+	return box, err
+}
+
+// Ack acknowledges messages the child has taken, so they are not handed out again.
+func (c *Client) Ack(ctx context.Context, id string, ids []int64) (int, error) {
+	var res AckResult
+	err := c.do(ctx, "ack", http.MethodPost, subagentPath(id, "/mailbox/ack"), nil, ackRequest{IDs: ids}, &res)
+	return res.Acked, err
+}
+
+func subagentPath(id, rest string) string { return "/v1/subagents/" + url.PathEscape(id) + rest }

@@ -6,5 +6,7 @@
 //
 // It serves the org's rows of the job mirror and the org's leases: home:<own org>, and
 // session:<id>, stored as session:<org>.<id> so that two orgs' sessions never share a
-// lease. org: leases stay the dispatcher's.
+// lease. org: leases stay the dispatcher's. And it serves the org's subagent handles: the
+// subagent_start and subagent_stop hooks, listing, a message into a child's mailbox, a
+// cancel, and the child's own drain and acknowledgement of its mailbox.
 package control

@@ -19,6 +19,7 @@ import (
 	"hermeshost/lease"
 	"hermeshost/pg/pgtest"
 	"hermeshost/service"
+	"hermeshost/subagent"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -52,6 +53,7 @@ type fixture struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	leases *lease.Store
+	subs   *subagent.Store
 	server *Server
 	srv    *httptest.Server
 	reg    *prometheus.Registry
@@ -63,10 +65,12 @@ func newFixture(t *testing.T) *fixture {
 	_, pool := pgtest.Schema(t)
 	store := lease.New(pool, lease.Options{})
 	t.Cleanup(store.Close)
+	subs := subagent.New(pool, subagent.Options{})
+	t.Cleanup(subs.Close)
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
 	s, err := NewServer(Config{
-		DB: pool, Leases: store, Secret: testSecret, Registerer: reg, MaxWait: testMaxWait,
+		DB: pool, Leases: store, Subagents: subs, Secret: testSecret, Registerer: reg, MaxWait: testMaxWait,
 		Log: slog.New(slog.NewJSONHandler(logs, nil)),
 	})
 	if err != nil {
@@ -74,7 +78,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{t: t, pool: pool, leases: store, server: s, srv: srv, reg: reg, logs: logs}
+	return &fixture{t: t, pool: pool, leases: store, subs: subs, server: s, srv: srv, reg: reg, logs: logs}
 }
 
 func (f *fixture) key(org string) string {
@@ -145,7 +149,7 @@ SELECT $1, 1, 'progress', jsonb_build_object('n', n), $2::timestamptz + n * inte
 func (f *fixture) snapshot() string {
 	f.t.Helper()
 	var out string
-	for _, table := range []string{"leases", "lease_events", "mirror_jobs", "mirror_job_events"} {
+	for _, table := range []string{"leases", "lease_events", "mirror_jobs", "mirror_job_events", "subagents", "subagent_messages"} {
 		var rows string
 		err := f.pool.QueryRow(context.Background(),
 			fmt.Sprintf(`SELECT coalesce(json_agg(t ORDER BY t::text)::text, '[]') FROM %s t`, table)).Scan(&rows)

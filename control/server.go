@@ -19,13 +19,15 @@ import (
 
 	"hermeshost/lease"
 	"hermeshost/service"
+	"hermeshost/subagent"
 )
 
 // Limits of the API.
 const (
 	// MaxBody is the largest request body accepted.
 	MaxBody = 64 << 10
-	// DefaultMaxWait bounds wait_ms of a lease acquire when Config.MaxWait is zero.
+	// DefaultMaxWait bounds wait_ms of a lease acquire or a mailbox drain when Config.MaxWait
+	// is zero.
 	DefaultMaxWait = 30 * time.Second
 	// DefaultJobsLimit and MaxJobsLimit bound GET /v1/jobs?limit=.
 	DefaultJobsLimit = 50
@@ -34,19 +36,21 @@ const (
 	MaxJobEvents = 500
 )
 
-// Config is what the server needs. DB, Leases and Secret are required.
+// Config is what the server needs. DB, Leases, Subagents and Secret are required.
 type Config struct {
 	// DB holds the job mirror (mirror_jobs, mirror_job_events).
 	DB *pgxpool.Pool
 	// Leases is the lease table the org's leases live in.
 	Leases *lease.Store
+	// Subagents holds the subagent handles and mailboxes.
+	Subagents *subagent.Store
 	// Secret derives the per-org keys (see Key).
 	Secret service.Secret
 	// Log receives 5xx causes and refused keys (never a key itself); discarded when nil.
 	Log *slog.Logger
 	// Registerer receives hermes_control_requests_total (no metrics when nil).
 	Registerer prometheus.Registerer
-	// MaxWait caps wait_ms of a lease acquire (DefaultMaxWait when zero).
+	// MaxWait caps wait_ms of a lease acquire and of a mailbox drain (DefaultMaxWait when zero).
 	MaxWait time.Duration
 }
 
@@ -64,6 +68,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("control server: no database")
 	case cfg.Leases == nil:
 		return nil, errors.New("control server: no lease store")
+	case cfg.Subagents == nil:
+		return nil, errors.New("control server: no subagent store")
 	case cfg.Secret == "":
 		return nil, errors.New("control server: the control secret is empty")
 	case cfg.MaxWait < 0:
@@ -111,6 +117,14 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/leases/refresh", s.leaseRefresh)
 		r.Post("/v1/leases/release", s.leaseRelease)
 		r.Get("/v1/leases/{key}", s.leaseShow)
+		r.Post("/v1/subagents", s.subagentStart)
+		r.Get("/v1/subagents", s.subagentList)
+		r.Get("/v1/subagents/{id}", s.subagentShow)
+		r.Post("/v1/subagents/{id}/stop", s.subagentStop)
+		r.Post("/v1/subagents/{id}/messages", s.subagentSend)
+		r.Post("/v1/subagents/{id}/cancel", s.subagentCancel)
+		r.Get("/v1/subagents/{id}/mailbox", s.subagentMailbox)
+		r.Post("/v1/subagents/{id}/mailbox/ack", s.subagentAck)
 	})
 	return r
 }
