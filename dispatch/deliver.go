@@ -137,6 +137,16 @@ UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), result = coalesce($6
 		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome), result); err != nil {
 		log.Error("record outcome", "err", err)
 	}
+	// run-job has ended, and the agent with it: its subagents will never report. Fenced by
+	// the home lease, so a run that lost it leaves the children of the attempt that took
+	// over alone (recovery failed this run's when it re-claimed the job).
+	if err := d.leases.WithFence(rec, kept.Lease(), func(tx pgx.Tx) error {
+		_, err := d.subagents.FailJobTx(rec, tx, c.OrganizationID, c.Job.ID,
+			fmt.Sprintf("job %s ended (%s) before the subagent reported", c.Job.ID, outcome))
+		return err
+	}); err != nil && !errors.Is(err, lease.ErrLost) {
+		log.Warn("fail the subagents of an ended job", "err", err)
+	}
 	d.metrics.outcomes.WithLabelValues(outcome).Inc()
 	log.Info("job outcome", "outcome", outcome, "reason", reason, "attempt", c.Job.Attempt)
 }

@@ -29,6 +29,7 @@ import (
 	"hermeshost/lease"
 	"hermeshost/sartiq"
 	"hermeshost/service"
+	"hermeshost/subagent"
 )
 
 // JobTypes are the types polled, one list request each (the API's type defaults to one).
@@ -53,6 +54,9 @@ type Config struct {
 	DB      *pgxpool.Pool
 	// Leases is the lease store on DB; New makes one when nil.
 	Leases *lease.Store
+	// Subagents is the subagent store on DB, whose handles of a job whose worker is gone
+	// are failed; New makes one when nil.
+	Subagents *subagent.Store
 	// OrgsRoot is the host path of the org homes, for SOUL.md before a worker starts.
 	OrgsRoot string
 
@@ -92,6 +96,8 @@ type Dispatcher struct {
 	cfg       Config
 	leases    *lease.Store
 	ownLeases bool // made by New, closed by Close
+	subagents *subagent.Store
+	ownSubs   bool
 	holder    string
 	metrics   *metrics
 
@@ -156,9 +162,14 @@ func New(cfg Config) *Dispatcher {
 	if leases == nil {
 		leases = lease.New(cfg.DB, lease.Options{Log: cfg.Log})
 	}
+	subs := cfg.Subagents
+	if subs == nil {
+		subs = subagent.New(cfg.DB, subagent.Options{Log: cfg.Log})
+	}
 	hard, hardStop := context.WithCancel(context.Background())
 	return &Dispatcher{
 		cfg: cfg, leases: leases, ownLeases: cfg.Leases == nil, metrics: newMetrics(cfg.Registerer),
+		subagents: subs, ownSubs: cfg.Subagents == nil,
 		// One holder name per process: a restarted dispatcher with the same instance name
 		// waits out its predecessor's leases instead of taking them as its own.
 		holder:   fmt.Sprintf("dispatcher/%s/%d-%s", cfg.Instance, os.Getpid(), rand.Text()[:6]),
@@ -169,10 +180,13 @@ func New(cfg Config) *Dispatcher {
 	}
 }
 
-// Close releases what New made (its lease store's listener). Call it after Shutdown or Wait.
+// Close releases what New made (its stores' listeners). Call it after Shutdown or Wait.
 func (d *Dispatcher) Close() {
 	if d.ownLeases {
 		d.leases.Close()
+	}
+	if d.ownSubs {
+		d.subagents.Close()
 	}
 }
 

@@ -46,6 +46,9 @@ func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (b
 		return false, fmt.Errorf("re-claim job %s: %w", job.ID, err)
 	}
 	d.metrics.claims.WithLabelValues("reclaim").Inc()
+	// The stale attempt's worker is gone (its token is void now), and with it every
+	// subagent it started: fail them before the next attempt starts its own.
+	d.failSubagents(ctx, org, job.ID, fmt.Sprintf("the worker of job %s died: attempt %d went stale and was re-claimed", job.ID, job.Attempt))
 	if crashed >= d.cfg.MaxAttempts {
 		if err := d.recordClaim(ctx, c, "reclaim"); err != nil {
 			d.cfg.Log.Error("record re-claim", "job", job.ID, "err", err)
@@ -125,8 +128,10 @@ func (d *Dispatcher) reconcile(ctx context.Context, org string, active []sartiq.
 		return fmt.Errorf("reconcile org %s: %w", org, err)
 	}
 	running := map[run]bool{}
+	live := map[string]bool{} // jobs with some attempt going, whose children are its
 	for _, j := range active {
 		running[run{j.ID, j.Attempt}] = true
+		live[j.ID] = true
 	}
 	for _, r := range open {
 		if running[r] {
@@ -160,6 +165,17 @@ UPDATE mirror_jobs SET status = $5, updated_at = now() WHERE job_id = $1 AND att
 			return fmt.Errorf("reconcile job %s: %w", r.job, err)
 		}
 		d.cfg.Log.Info("attempt reconciled from the backend", "job", r.job, "attempt", r.attempt, "outcome", outcome)
+		if !live[r.job] {
+			d.failSubagents(ctx, org, r.job, fmt.Sprintf("job %s ended (%s) under a dispatcher that stopped before its subagents reported", r.job, outcome))
+		}
 	}
 	return nil
+}
+
+// failSubagents ends the live subagents of a job whose worker is gone. A failure is logged:
+// the handles stay live in the dashboard until the next recovery, but no job waits on them.
+func (d *Dispatcher) failSubagents(ctx context.Context, org, job, reason string) {
+	if _, err := d.subagents.FailJob(ctx, org, job, reason); err != nil {
+		d.cfg.Log.Warn("fail the subagents of an ended job", "job", job, "org", org, "err", err)
+	}
 }

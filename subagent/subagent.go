@@ -26,6 +26,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -591,10 +592,27 @@ UPDATE subagent_messages SET acked_at = now()
 // FailJob ends every live child of org's job as failed with reason: its worker is gone, so
 // no hook will report them. It returns how many it ended.
 func (s *Store) FailJob(ctx context.Context, org, jobID, reason string) (int, error) {
+	return s.failJob(ctx, s.pool, org, jobID, reason)
+}
+
+// FailJobTx is FailJob inside tx, for a caller that fences it (the dispatcher does, by the
+// home lease of the run that ended, so that a run which lost its lease never fails the
+// children of the attempt that took over).
+func (s *Store) FailJobTx(ctx context.Context, tx pgx.Tx, org, jobID, reason string) (int, error) {
+	return s.failJob(ctx, tx, org, jobID, reason)
+}
+
+// querier is what a pool and a transaction share.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (s *Store) failJob(ctx context.Context, q querier, org, jobID, reason string) (int, error) {
 	if err := errors.Join(checkOrg(org), CheckID("job id", jobID), checkText("reason", reason, MaxSummaryLen, true)); err != nil {
 		return 0, err
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := q.Query(ctx, `
 UPDATE subagents SET status = 'failed', summary = $3, ended_at = now(), updated_at = now()
  WHERE org = $1 AND job_id = $2 AND status IN ('running', 'cancelling')
 RETURNING id`, org, jobID, reason)
@@ -606,7 +624,10 @@ RETURNING id`, org, jobID, reason)
 		return 0, fmt.Errorf("fail subagents of job %s: %w", jobID, err)
 	}
 	for _, id := range ids {
-		s.notify(ctx, org, id)
+		// In a transaction the notification goes out at commit, when the drain can see it.
+		if _, err := q.Exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, org+"/"+id); err != nil {
+			return 0, fmt.Errorf("fail subagents of job %s: %w", jobID, err)
+		}
 	}
 	if len(ids) > 0 {
 		s.metrics.transitions.WithLabelValues(Failed).Add(float64(len(ids)))

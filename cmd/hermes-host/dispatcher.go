@@ -19,6 +19,7 @@ import (
 	"hermeshost/pg"
 	"hermeshost/sartiq"
 	"hermeshost/service"
+	"hermeshost/subagent"
 )
 
 type dispatcherSettings struct {
@@ -137,11 +138,13 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	ops.Health.Probe("database", pool.Ping)
 	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
 	defer leases.Close()
+	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
+	defer subagents.Close()
 	bot, err := sartiq.New(s.apiURL, s.bot.Reveal())
 	if err != nil {
 		return err
 	}
-	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
+	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subagents, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
 	if err != nil {
 		return err
 	}
@@ -164,7 +167,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	go func() { served <- srv.Serve(srvCtx) }()
 
 	d := dispatch.New(dispatch.Config{
-		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, OrgsRoot: s.orgsRoot,
+		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, Subagents: subagents, OrgsRoot: s.orgsRoot,
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
 		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
 		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, Log: log, Registerer: ops.Registry,
