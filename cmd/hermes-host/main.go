@@ -25,6 +25,7 @@ func root() *cli.Command {
 			leaseCommand(),
 			migrateCommand(),
 			sartiqcli.Command(os.Stdout),
+			subagentCommand(),
 			workerCommand(),
 		},
 	}
