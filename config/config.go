@@ -114,6 +114,8 @@ var (
 		Usage: "the dispatcher's internal address: the control API for per-org processes, /healthz and /metrics"})
 	ControlURL = define(Var{Name: "CONTROL_URL",
 		Usage: "the control API as org containers reach it; default http://CONTROL_ADDR"})
+	ControlKey = define(Var{Name: "CONTROL_KEY", Secret: true,
+		Usage: "this org's control API key, which the dispatcher hands run-job; the agent's subagent hooks reach the API through the worker with it, never holding it"})
 	ControlSecret = define(Var{Name: "CONTROL_SECRET", Secret: true,
 		Usage: "derives the per-org control API keys; replicas share it (the dispatcher makes one per run when unset)"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",

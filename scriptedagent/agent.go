@@ -43,6 +43,9 @@ const (
 	EnvAPIKey  = "OPENAI_API_KEY"  // the org's gateway key
 	EnvModel   = "HERMES_MODEL"
 	EnvSartiq  = "SARTIQ_BIN" // the sartiq command; default "sartiq" on PATH
+	// EnvHooks is the worker's subagent hook socket (see worker.HookProxy), when it serves
+	// one.
+	EnvHooks = "HERMES_HOST_HOOKS_SOCKET"
 )
 
 // KnobsFile is read from the home; absent means no faults.
@@ -58,6 +61,18 @@ type Knobs struct {
 	CrashAtWrite int `json:"crash_at_write,omitempty"`
 	// ClaimExtra names categories the final answer claims although nothing wrote them.
 	ClaimExtra []string `json:"claim_extra,omitempty"`
+	// Subagent has the agent run one child through the worker's hooks before its work.
+	Subagent *SubagentKnob `json:"subagent,omitempty"`
+}
+
+// SubagentKnob is the child the agent runs: started with the start hook, it drains its
+// mailbox until a message arrives (acknowledging it and quoting it in its summary), a cancel
+// says stop, or WaitMS passes; then the stop hook ends it. WaitMS 0 drains once.
+type SubagentKnob struct {
+	ID     string `json:"id"`
+	Goal   string `json:"goal"`
+	Role   string `json:"role,omitempty"`
+	WaitMS int    `json:"wait_ms,omitempty"`
 }
 
 // Manifest is the part of the job manifest the agent reads.
@@ -175,6 +190,12 @@ func (r *run) main() (int, error) {
 		return ExitFailed, err
 	}
 
+	if r.knobs.Subagent != nil {
+		if err := r.child(*r.knobs.Subagent); err != nil {
+			_ = r.endSession("error")
+			return ExitFailed, err
+		}
+	}
 	var final map[string]any
 	var stopped bool
 	switch m.Type {

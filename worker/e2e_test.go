@@ -125,6 +125,7 @@ func (w *world) exec(ctx context.Context, workerOrg string, claim *sartiq.Claim,
 type live struct {
 	stdin  io.Reader // read after the assignment: stdin ends when it does
 	stdout io.Writer // sees the exec's stdout as it comes
+	env    []string  // more of run-job's environment
 }
 
 func (w *world) execLive(ctx context.Context, workerOrg string, claim *sartiq.Claim, edit func(*worker.Assignment), l live) result {
@@ -162,11 +163,11 @@ func (w *world) execLive(ctx context.Context, workerOrg string, claim *sartiq.Cl
 	}
 	st, err := w.rt.Exec(ctx, workerOrg, runtime.Command{
 		Args: []string{"hermes-host", "worker", "run-job"},
-		Env: []string{
+		Env: append([]string{
 			"SARTIQ_TOKEN=" + claim.JobToken, "SARTIQ_API_URL=" + w.backend.URL,
 			"GATEWAY_URL=" + w.gateway, "GATEWAY_KEY=" + key, "WORKER_MODEL=demo-worker",
 			"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=200ms", "MAX_TURNS=10", "LOG_LEVEL=debug",
-		},
+		}, l.env...),
 		Stdin: stdin, Stdout: out, Stderr: &stderr,
 	})
 	r := result{status: st, err: err, stdout: stdout.String(), stderr: stderr.String(), jobToken: claim.JobToken}

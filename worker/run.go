@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"hermeshost/atomicfile"
+	"hermeshost/control"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/scriptedagent"
@@ -56,7 +57,10 @@ type Config struct {
 	GatewayKey service.Secret
 	Model      string
 	// SartiqBin is the sartiq command the agent shell-calls (hermes-host under that name).
-	SartiqBin     string
+	SartiqBin string
+	// Control is the control API with the org's key; with it the agent's subagent hooks
+	// are served (see HookProxy), without it they are not.
+	Control       *control.Client
 	ReportEnabled bool
 	Retention     orghome.Retention
 	Log           *slog.Logger
@@ -310,6 +314,15 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 		return Outcome{Status: "crashed", Reason: err.Error()}, err
 	}
 	defer proxy.Close()
+	hooks := ""
+	if r.cfg.Control != nil {
+		hp, err := StartHookProxy(filepath.Join(sockDir, "hooks.sock"), r.cfg.Control, r.job.ID, r.cfg.Log, r.emit)
+		if err != nil {
+			return Outcome{Status: "crashed", Reason: err.Error()}, err
+		}
+		defer hp.Close()
+		hooks = hp.Path()
+	}
 	prompt, err := r.cap.Prompt(r.cfg.Org, r.job.ID)
 	if err != nil {
 		return Outcome{Status: "crashed", Reason: err.Error()}, err
@@ -328,7 +341,7 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 			args = append(args, "--resume", session)
 		}
 		r.emit("agent_start", map[string]any{"run": run, "resume": session != ""})
-		output, code, err := r.exec(ctx, args, proxy.Path())
+		output, code, err := r.exec(ctx, args, proxy.Path(), hooks)
 		if ctx.Err() != nil {
 			return Outcome{}, errStopped
 		}
@@ -387,7 +400,7 @@ func (r *runner) latestSession(ctx context.Context, since time.Time) (string, er
 
 // exec runs the agent in its own process group with only what Hermes needs in its
 // environment: no job token, no bot credential, nothing of another org.
-func (r *runner) exec(ctx context.Context, args []string, socket string) ([]byte, int, error) {
+func (r *runner) exec(ctx context.Context, args []string, socket, hooks string) ([]byte, int, error) {
 	cmd := exec.Command(r.cfg.HermesBin, args...)
 	cmd.Dir = r.ws
 	cmd.Env = []string{
@@ -399,6 +412,9 @@ func (r *runner) exec(ctx context.Context, args []string, socket string) ([]byte
 		scriptedagent.EnvModel + "=" + r.cfg.Model,
 		scriptedagent.EnvSartiq + "=" + r.cfg.SartiqBin,
 		"SARTIQ_PROXY_SOCKET=" + socket,
+	}
+	if hooks != "" {
+		cmd.Env = append(cmd.Env, scriptedagent.EnvHooks+"="+hooks)
 	}
 	// Its own group, so a stop kills everything it started; and killed with the worker, so
 	// no agent outlives the home lock its worker held.

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,9 +16,11 @@ import (
 
 	"hermeshost/cli"
 	"hermeshost/config"
+	"hermeshost/control"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/service"
+	"hermeshost/subagent"
 	"hermeshost/worker"
 )
 
@@ -65,7 +68,7 @@ func runJobCommand() *cli.Command {
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.WorkspaceRetention,
-			config.WorkspaceKeep, config.LogLevel},
+			config.WorkspaceKeep, config.ControlURL, config.ControlKey, config.LogLevel},
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -77,7 +80,7 @@ func runJobCommand() *cli.Command {
 					return fmt.Errorf("make the worker undumpable: %w", err)
 				}
 				var cfg worker.Config
-				var apiURL, token string
+				var apiURL, token, controlURL, controlKey string
 				log, err := startup("worker", func(e *config.Env) {
 					token = e.Required(config.SartiqToken)
 					apiURL = e.Required(config.SartiqAPIURL)
@@ -92,13 +95,27 @@ func runJobCommand() *cli.Command {
 					cfg.Heartbeat = e.Duration(config.HeartbeatInterval)
 					cfg.ReportEnabled = e.Bool(config.ReportEnabled)
 					cfg.Retention = orghome.Retention{MaxAge: e.Duration(config.WorkspaceRetention), MaxCount: e.Int(config.WorkspaceKeep)}
+					controlURL = e.String(config.ControlURL)
+					controlKey = e.String(config.ControlKey)
 				})
 				if err != nil {
 					return err
 				}
-				// The variable is required but goes only to the proxy, never further.
-				if err := os.Unsetenv(config.SartiqToken.Name); err != nil {
-					return err
+				// The variables go only to the proxies, never further.
+				for _, v := range []config.Var{config.SartiqToken, config.ControlKey} {
+					if err := os.Unsetenv(v.Name); err != nil {
+						return err
+					}
+				}
+				switch {
+				case controlURL != "" && controlKey != "":
+					// Longer than any mailbox wait the API grants; a hook's own context ends it sooner.
+					cfg.Control, err = control.NewClient(controlURL, controlKey, &http.Client{Timeout: 2 * subagent.MaxWait})
+					if err != nil {
+						return &config.Error{Var: config.ControlURL.Name + "/" + config.ControlKey.Name, Msg: err.Error()}
+					}
+				case controlURL != "" || controlKey != "":
+					return &config.Error{Var: config.ControlURL.Name + "/" + config.ControlKey.Name, Msg: "only one of the two is set: set both or neither"}
 				}
 				if cfg.API, err = url.Parse(apiURL); err != nil || cfg.API.Host == "" {
 					return &config.Error{Var: config.SartiqAPIURL.Name, Msg: "is not an absolute URL"}
