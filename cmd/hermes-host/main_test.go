@@ -165,18 +165,19 @@ func TestMigrateUpStatusDown(t *testing.T) {
 		t.Fatalf("status after up: %+v", r)
 	}
 	r = run(t, env, "migrate", "down")
-	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00002_dispatch.sql") {
+	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00003_subagents.sql") {
 		t.Fatalf("down: %+v", r)
 	}
-	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "claim_attempts") || !contains(got, "leases") {
+	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "subagents") || !contains(got, "claim_attempts") || !contains(got, "leases") {
 		t.Fatalf("after one down the newest migration's tables go and the older stay: %v", got)
 	}
-	r = run(t, env, "migrate", "down")
-	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 00001_leases.sql") {
-		t.Fatalf("second down: %+v", r)
+	for _, m := range []string{"00002_dispatch.sql", "00001_leases.sql"} {
+		if r = run(t, env, "migrate", "down"); r.code != 0 || !strings.Contains(r.stdout, "rolled back "+m) {
+			t.Fatalf("down to before %s: %+v", m, r)
+		}
 	}
-	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "leases") {
-		t.Fatalf("leases still there after down: %v", got)
+	if got := tablesIn(t, pgtest.URL(t), schema); contains(got, "leases") || contains(got, "claim_attempts") {
+		t.Fatalf("tables still there after every down: %v", got)
 	}
 }
 
