@@ -14,13 +14,11 @@
 package subagent
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
-	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -52,7 +50,9 @@ const (
 	MaxBodyLen    = 16000
 	MaxSenderLen  = 200
 	MaxReasonLen  = 1000
-	// MaxPending is how many unacknowledged messages a mailbox holds; Send is refused past it.
+	// MaxPending is how many unacknowledged messages a mailbox holds; Send is refused past
+	// it (sends racing each other may each see one fewer, so a mailbox can briefly hold a
+	// few more: it is a bound against a runaway sender, not an exact count).
 	MaxPending = 1000
 	// MaxListLimit bounds List.
 	MaxListLimit = 200
@@ -391,31 +391,32 @@ func (s *Store) Send(ctx context.Context, org, id, sender, body string) (Message
 		checkText("sender", sender, MaxSenderLen, true), checkText("message", body, MaxBodyLen, true)); err != nil {
 		return Message{}, err
 	}
-	var m Message
+	m := Message{Sender: sender, Body: body}
 	var status string
 	var pending int
-	// The row lock on the handle orders sends with stops and cancels: a message is never
-	// added to a mailbox whose child has just ended, and the pending count cannot be raced.
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-SELECT status, (SELECT count(*) FROM subagent_messages m WHERE m.org = s.org AND m.subagent_id = s.id AND m.acked_at IS NULL)
-  FROM subagents s WHERE org = $1 AND id = $2 FOR UPDATE`, org, id).Scan(&status, &pending)
-		if err != nil {
-			return err
-		}
-		if status != Running || pending >= MaxPending {
-			return nil
-		}
-		m.Sender, m.Body = sender, body
-		if err := tx.QueryRow(ctx, `
-INSERT INTO subagent_messages (org, subagent_id, sender, body) VALUES ($1, $2, $3, $4)
-RETURNING id, sent_at`, org, id, sender, body).Scan(&m.ID, &m.SentAt); err != nil {
-			return err
-		}
-		// Delivered at commit, so a woken Drain finds the message.
-		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, org+"/"+id)
-		return err
-	})
+	var msgID *int64
+	var sentAt *time.Time
+	// One statement: the row lock on the handle orders the send with a stop or a cancel (a
+	// send that waited for one sees the status it left), so a message is never added to the
+	// mailbox of a child that has ended. The notification goes out at commit, when a woken
+	// Drain can see the message.
+	err := s.pool.QueryRow(ctx, `
+WITH h AS (
+    SELECT status, (SELECT count(*) FROM subagent_messages m
+                     WHERE m.org = s.org AND m.subagent_id = s.id AND m.acked_at IS NULL) AS pending
+      FROM subagents s WHERE org = $1 AND id = $2 FOR UPDATE
+), ins AS (
+    INSERT INTO subagent_messages (org, subagent_id, sender, body)
+    SELECT $1, $2, $3, $4 FROM h WHERE status = 'running' AND pending < $5
+    RETURNING id, sent_at
+), n AS (
+    SELECT pg_notify($6, $1 || '/' || $2) FROM ins
+)
+SELECT h.status, h.pending, ins.id, ins.sent_at, (SELECT count(*) FROM n) FROM h LEFT JOIN ins ON true`,
+		org, id, sender, body, MaxPending, s.channel).Scan(&status, &pending, &msgID, &sentAt, new(int))
+	if msgID != nil {
+		m.ID, m.SentAt = *msgID, *sentAt
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Message{}, fmt.Errorf("%w: %s", ErrNotFound, id)
@@ -535,35 +536,46 @@ func (s *Store) Drain(ctx context.Context, org, id string, wait time.Duration) (
 }
 
 func (s *Store) drainOnce(ctx context.Context, org, id string) (Mailbox, error) {
-	box := Mailbox{Messages: []Message{}}
-	err := s.pool.QueryRow(ctx, `SELECT status, coalesce(cancel_reason, '') FROM subagents WHERE org = $1 AND id = $2`,
-		org, id).Scan(&box.Status, &box.CancelReason)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Mailbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
-	if err != nil {
-		return Mailbox{}, fmt.Errorf("drain the mailbox of %s: %w", id, err)
-	}
-	box.Stop = box.Status != Running
 	rows, err := s.pool.Query(ctx, `
-UPDATE subagent_messages SET deliveries = deliveries + 1, delivered_at = now()
- WHERE org = $1 AND subagent_id = $2 AND acked_at IS NULL
-RETURNING id, sender, body, sent_at, deliveries, delivered_at, acked_at`, org, id)
+WITH h AS (
+    SELECT status, coalesce(cancel_reason, '') AS reason FROM subagents WHERE org = $1 AND id = $2
+), up AS (
+    UPDATE subagent_messages SET deliveries = deliveries + 1, delivered_at = now()
+     WHERE org = $1 AND subagent_id = $2 AND acked_at IS NULL AND EXISTS (SELECT 1 FROM h)
+    RETURNING id, sender, body, sent_at, deliveries, delivered_at
+)
+SELECT h.status, h.reason, up.id, up.sender, up.body, up.sent_at, up.deliveries, up.delivered_at
+  FROM h LEFT JOIN up ON true ORDER BY up.id`, org, id)
 	if err != nil {
 		return Mailbox{}, fmt.Errorf("drain the mailbox of %s: %w", id, err)
 	}
-	ms, err := pgx.CollectRows(rows, scanMessage)
-	if err != nil {
-		return Mailbox{}, fmt.Errorf("drain the mailbox of %s: %w", id, err)
-	}
-	// UPDATE ... RETURNING keeps no order.
-	slices.SortFunc(ms, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
-	box.Messages = ms
-	for _, m := range ms {
-		if m.Deliveries > 1 {
+	defer rows.Close()
+	box := Mailbox{Messages: []Message{}}
+	found := false
+	for rows.Next() {
+		found = true
+		var mid *int64
+		var sender, body *string
+		var sentAt, deliveredAt *time.Time
+		var deliveries *int
+		if err := rows.Scan(&box.Status, &box.CancelReason, &mid, &sender, &body, &sentAt, &deliveries, &deliveredAt); err != nil {
+			return Mailbox{}, fmt.Errorf("drain the mailbox of %s: %w", id, err)
+		}
+		if mid == nil {
+			continue // the handle's row, with an empty mailbox
+		}
+		box.Messages = append(box.Messages, Message{ID: *mid, Sender: *sender, Body: *body, SentAt: *sentAt, Deliveries: *deliveries, DeliveredAt: deliveredAt})
+		if *deliveries > 1 {
 			s.metrics.redeliveries.Inc()
 		}
 	}
+	if err := rows.Err(); err != nil {
+		return Mailbox{}, fmt.Errorf("drain the mailbox of %s: %w", id, err)
+	}
+	if !found {
+		return Mailbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	box.Stop = box.Status != Running
 	return box, nil
 }
 
@@ -577,16 +589,21 @@ func (s *Store) Ack(ctx context.Context, org, id string, ids []int64) (int, erro
 	if len(ids) == 0 || len(ids) > MaxPending {
 		return 0, invalid("an ack names 1 to %d message ids, not %d", MaxPending, len(ids))
 	}
-	if _, err := s.Get(ctx, org, id); err != nil {
-		return 0, err
-	}
-	tag, err := s.pool.Exec(ctx, `
-UPDATE subagent_messages SET acked_at = now()
- WHERE org = $1 AND subagent_id = $2 AND id = ANY ($3) AND acked_at IS NULL`, org, id, ids)
+	var known, acked int
+	err := s.pool.QueryRow(ctx, `
+WITH up AS (
+    UPDATE subagent_messages SET acked_at = now()
+     WHERE org = $1 AND subagent_id = $2 AND id = ANY ($3) AND acked_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM subagents WHERE org = $1 AND id = $2), (SELECT count(*) FROM up)`, org, id, ids).Scan(&known, &acked)
 	if err != nil {
 		return 0, fmt.Errorf("acknowledge messages of %s: %w", id, err)
 	}
-	return int(tag.RowsAffected()), nil
+	if known == 0 {
+		return 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return acked, nil
 }
 
 // FailJob ends every live child of org's job as failed with reason: its worker is gone, so
