@@ -178,7 +178,8 @@ func gatewayLoginCommand() *cli.Command {
 				}
 				var creds gateway.Credentials
 				if *fromStdin {
-					token, rerr := readSecretLine(os.Stdin)
+					token, rerr := readSecretLine(os.Stdin, "refresh token")
+					token = strings.TrimSpace(token)
 					if rerr != nil {
 						return rerr
 					}
@@ -205,17 +206,18 @@ func gatewayLoginCommand() *cli.Command {
 	}
 }
 
-// readSecretLine reads one line from r: a token piped in, never typed into argv where
-// ps and shell history would keep it.
-func readSecretLine(r io.Reader) (string, error) {
+// readSecretLine reads one line from r, without its line ending: a secret (what it is)
+// piped in, never typed into argv where ps and shell history would keep it.
+func readSecretLine(r io.Reader, what string) (string, error) {
 	line, err := bufio.NewReader(io.LimitReader(r, 64<<10)).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
-		return "", fmt.Errorf("read the refresh token from stdin: %w", err)
+		return "", fmt.Errorf("read the %s from stdin: %w", what, err)
 	}
+	line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
 	if strings.TrimSpace(line) == "" {
-		return "", errors.New("no refresh token on stdin")
+		return "", fmt.Errorf("no %s on stdin", what)
 	}
-	return strings.TrimSpace(line), nil
+	return line, nil
 }
 
 // randomSecret is a fresh secret for `dev`, which runs every process of the product in

@@ -24,6 +24,7 @@ func root() *cli.Command {
 			imagesCommand(),
 			leaseCommand(),
 			migrateCommand(),
+			operatorCommand(),
 			sartiqcli.Command(os.Stdout),
 			subagentCommand(),
 			workerCommand(),

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"hermeshost/cli"
+	"hermeshost/config"
+	"hermeshost/migrations"
+	"hermeshost/operator"
+	"hermeshost/pg"
+)
+
+// withOperators opens the host database for an operator subcommand.
+func withOperators(ctx context.Context, act func(s *operator.Store) error) error {
+	var url string
+	if _, err := startup("operator", func(e *config.Env) { url = e.Required(config.DatabaseURL) }); err != nil {
+		return err
+	}
+	pool, _, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	s, err := operator.New(pool, 0)
+	if err != nil {
+		return err
+	}
+	return act(s)
+}
+
+// onePlusOrgs is NAME ORG... of grant and revoke.
+func onePlusOrgs(args []string) (string, []string, error) {
+	if len(args) < 2 {
+		return "", nil, cli.Usagef("want an operator NAME and at least one ORG")
+	}
+	return args[0], args[1:], nil
+}
+
+func operatorCommand() *cli.Command {
+	env := []config.Var{config.DatabaseURL, config.LogLevel}
+	actorFlag := func(fs *flag.FlagSet) *string {
+		return fs.String("as", operatorName(), "who makes the change, recorded with it")
+	}
+	// password reads the new password from stdin (--password-stdin) or makes one and says
+	// it once.
+	password := func(fromStdin bool) (pw string, generated bool, err error) {
+		if !fromStdin {
+			return operator.GeneratePassword(), true, nil
+		}
+		pw, err = readSecretLine(os.Stdin, "password")
+		return pw, false, err
+	}
+	return &cli.Command{
+		Name:    "operator",
+		Summary: "operator accounts and their per-org grants (who may open which org's dashboard)",
+		Subcommands: []*cli.Command{
+			{
+				Name: "add", Summary: "add an operator; the password comes from stdin, or one is made and printed once", Args: "NAME", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					fromStdin := fs.Bool("password-stdin", false, "read the password from stdin (never pass it as an argument)")
+					actor := actorFlag(fs)
+					return func(ctx context.Context, args []string) error {
+						if len(args) != 1 {
+							return cli.Usagef("want exactly one operator NAME")
+						}
+						pw, generated, err := password(*fromStdin)
+						if err != nil {
+							return err
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							if err := s.Add(ctx, args[0], pw, *actor); err != nil {
+								return err
+							}
+							fmt.Printf("added operator %s; grant orgs with: hermes-host operator grant %s ORG...\n", args[0], args[0])
+							if generated {
+								fmt.Printf("password (shown once): %s\n", pw)
+							}
+							return nil
+						})
+					}
+				},
+			},
+			{
+				Name: "passwd", Summary: "set an operator's password: from stdin, or a new one printed once", Args: "NAME", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					fromStdin := fs.Bool("password-stdin", false, "read the password from stdin (never pass it as an argument)")
+					actor := actorFlag(fs)
+					return func(ctx context.Context, args []string) error {
+						if len(args) != 1 {
+							return cli.Usagef("want exactly one operator NAME")
+						}
+						pw, generated, err := password(*fromStdin)
+						if err != nil {
+							return err
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							if err := s.SetPassword(ctx, args[0], pw, *actor); err != nil {
+								return err
+							}
+							fmt.Printf("password of %s changed\n", args[0])
+							if generated {
+								fmt.Printf("password (shown once): %s\n", pw)
+							}
+							return nil
+						})
+					}
+				},
+			},
+			{
+				Name: "list", Summary: "list operators and their grants", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					return func(ctx context.Context, args []string) error {
+						if len(args) > 0 {
+							return cli.Usagef("list takes no arguments")
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							ops, err := s.List(ctx)
+							if err != nil {
+								return err
+							}
+							tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+							fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tPASSWORD SET\tORGS")
+							for _, o := range ops {
+								state := "enabled"
+								if o.Disabled {
+									state = "disabled"
+								}
+								fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", o.Name, state, stamp(o.CreatedAt), stamp(o.PasswordAt), orDash(strings.Join(o.Orgs, ",")))
+							}
+							return tw.Flush()
+						})
+					}
+				},
+			},
+			{
+				Name: "show", Summary: "show one operator, their grants and recent history", Args: "NAME", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					limit := fs.Int("events", 20, "how many recent events to show")
+					return func(ctx context.Context, args []string) error {
+						if len(args) != 1 {
+							return cli.Usagef("want exactly one operator NAME")
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							o, err := s.Get(ctx, args[0])
+							if err != nil {
+								return err
+							}
+							state := "enabled"
+							if o.Disabled {
+								state = "disabled"
+							}
+							fmt.Printf("name:     %s\nstate:    %s\ncreated:  %s\npassword: set %s\norgs:     %s\n\n",
+								o.Name, state, stamp(o.CreatedAt), stamp(o.PasswordAt), orDash(strings.Join(o.Orgs, ", ")))
+							evs, err := s.Events(ctx, o.Name, *limit)
+							if err != nil {
+								return err
+							}
+							tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+							fmt.Fprintln(tw, "AT\tEVENT\tORG\tBY")
+							for _, e := range evs {
+								fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", stamp(e.At), e.Kind, orDash(e.Org), e.Actor)
+							}
+							return tw.Flush()
+						})
+					}
+				},
+			},
+			{
+				Name: "grant", Summary: "let an operator open these orgs' dashboards", Args: "NAME ORG...", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					actor := actorFlag(fs)
+					return func(ctx context.Context, args []string) error {
+						name, orgs, err := onePlusOrgs(args)
+						if err != nil {
+							return err
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							for _, org := range orgs {
+								if err := s.Grant(ctx, name, org, *actor); err != nil {
+									return err
+								}
+							}
+							fmt.Printf("%s may open %s\n", name, strings.Join(orgs, ", "))
+							return nil
+						})
+					}
+				},
+			},
+			{
+				Name: "revoke", Summary: "take orgs away from an operator", Args: "NAME ORG...", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					actor := actorFlag(fs)
+					return func(ctx context.Context, args []string) error {
+						name, orgs, err := onePlusOrgs(args)
+						if err != nil {
+							return err
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							for _, org := range orgs {
+								if err := s.Revoke(ctx, name, org, *actor); err != nil {
+									return err
+								}
+							}
+							fmt.Printf("%s may no longer open %s\n", name, strings.Join(orgs, ", "))
+							return nil
+						})
+					}
+				},
+			},
+			toggleCommand("disable", "stop an operator's logins and access; the account and grants are kept", true, env, actorFlag),
+			toggleCommand("enable", "let a disabled operator log in again", false, env, actorFlag),
+			{
+				Name: "remove", Summary: "delete an operator and their grants; their history stays", Args: "NAME", Env: env,
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					actor := actorFlag(fs)
+					return func(ctx context.Context, args []string) error {
+						if len(args) != 1 {
+							return cli.Usagef("want exactly one operator NAME")
+						}
+						return withOperators(ctx, func(s *operator.Store) error {
+							if err := s.Remove(ctx, args[0], *actor); err != nil {
+								return err
+							}
+							fmt.Printf("removed operator %s\n", args[0])
+							return nil
+						})
+					}
+				},
+			},
+		},
+	}
+}
+
+func toggleCommand(name, summary string, disabled bool, env []config.Var, actorFlag func(*flag.FlagSet) *string) *cli.Command {
+	return &cli.Command{
+		Name: name, Summary: summary, Args: "NAME", Env: env,
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			actor := actorFlag(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 1 {
+					return cli.Usagef("want exactly one operator NAME")
+				}
+				return withOperators(ctx, func(s *operator.Store) error {
+					if err := s.SetDisabled(ctx, args[0], disabled, *actor); err != nil {
+						return err
+					}
+					fmt.Printf("%s is %sd\n", args[0], name)
+					return nil
+				})
+			}
+		},
+	}
+}

@@ -1,0 +1,235 @@
+package operator
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/crypto/bcrypt"
+
+	"hermeshost/pg/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const good = "correct horse battery"
+
+func newStore(t *testing.T) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	_, pool := pgtest.Schema(t)
+	s, err := New(pool, bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func kinds(t *testing.T, s *Store, name string) []string {
+	t.Helper()
+	evs, err := s.Events(context.Background(), name, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k []string
+	for i := len(evs) - 1; i >= 0; i-- {
+		k = append(k, evs[i].Kind+prefixed(":", evs[i].Org))
+	}
+	return k
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}
+
+func TestAnOperatorLogsInOnlyWithTheRightPasswordWhileEnabled(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if err := s.Add(ctx, "ada", good, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "ada", good+"!", "root"); !errors.Is(err, ErrExists) {
+		t.Fatalf("second add: %v", err)
+	}
+	if err := s.Grant(ctx, "ada", "acme", "root"); err != nil {
+		t.Fatal(err)
+	}
+	op, err := s.Authenticate(ctx, "ada", good, "127.0.0.1")
+	if err != nil || op.Name != "ada" || !slices.Equal(op.Orgs, []string{"acme"}) || op.Disabled {
+		t.Fatalf("login = %+v, %v", op, err)
+	}
+	for _, c := range []struct{ name, password string }{
+		{"ada", good + "x"}, {"ada", "Correct horse battery"}, {"ada", ""}, {"bob", good}, {"ADA", good}, {"", ""},
+		{"ada", strings.Repeat("x", 500)},
+	} {
+		if _, err := s.Authenticate(ctx, c.name, c.password, "127.0.0.1"); !errors.Is(err, ErrBadLogin) {
+			t.Errorf("login %q/%q: %v, want ErrBadLogin", c.name, c.password, err)
+		}
+	}
+	if err := s.SetDisabled(ctx, "ada", true, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, "127.0.0.1"); !errors.Is(err, ErrBadLogin) {
+		t.Fatalf("a disabled operator logged in: %v", err)
+	}
+	if ok, err := s.Allowed(ctx, "ada", "acme"); err != nil || ok {
+		t.Fatalf("a disabled operator is still allowed into acme: %v %v", ok, err)
+	}
+	if err := s.SetDisabled(ctx, "ada", false, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPassword(ctx, "ada", "a new long passphrase", "ada"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, "127.0.0.1"); !errors.Is(err, ErrBadLogin) {
+		t.Fatalf("the old password still works: %v", err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", "a new long passphrase", "127.0.0.1"); err != nil {
+		t.Fatalf("the new password: %v", err)
+	}
+	want := []string{"add", "grant:acme", "login", "login_refused", "login_refused", "login_refused", "login_refused",
+		"disable", "login_refused", "enable", "password", "login_refused", "login"}
+	if got := kinds(t, s, "ada"); !slices.Equal(got, want) {
+		t.Fatalf("ada's events:\n%v\nwant\n%v", got, want)
+	}
+}
+
+// bcrypt reads 72 bytes: a password of exactly 72 must not also let in the same 72 with
+// more after them.
+func TestALongPasswordIsNotCutToItsFirst72Bytes(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	pw := strings.Repeat("p", MaxPasswordLen)
+	if err := s.Add(ctx, "ada", pw, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", pw, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", pw+"more", ""); !errors.Is(err, ErrBadLogin) {
+		t.Fatalf("72 bytes and more let in: %v", err)
+	}
+	if err := s.Add(ctx, "bob", pw+"x", "root"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a 73-byte password was accepted: %v", err)
+	}
+}
+
+func TestGrantsDecideWhichOrgsAnOperatorMayOpen(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	for _, n := range []string{"ada", "bob"} {
+		if err := s.Add(ctx, n, good, "root"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, org := range []string{"acme", "globex", "acme"} {
+		if err := s.Grant(ctx, "ada", org, "root"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allowed := func(name, org string) bool {
+		t.Helper()
+		ok, err := s.Allowed(ctx, name, org)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !allowed("ada", "acme") || !allowed("ada", "globex") || allowed("bob", "acme") || allowed("ada", "initech") {
+		t.Fatal("grants do not decide")
+	}
+	// Names and orgs that are not ids are simply not allowed.
+	if allowed("ada", "../acme") || allowed("ada' OR '1'='1", "acme") {
+		t.Fatal("a malformed name or org was allowed")
+	}
+	if err := s.Revoke(ctx, "ada", "globex", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revoke(ctx, "ada", "globex", "root"); err != nil {
+		t.Fatalf("a second revoke: %v", err)
+	}
+	if allowed("ada", "globex") {
+		t.Fatal("a revoked grant still allows")
+	}
+	op, err := s.Get(ctx, "ada")
+	if err != nil || !slices.Equal(op.Orgs, []string{"acme"}) {
+		t.Fatalf("ada = %+v, %v", op, err)
+	}
+	if got := kinds(t, s, "ada"); !slices.Equal(got, []string{"add", "grant:acme", "grant:globex", "revoke:globex"}) {
+		t.Fatalf("events: %v (a repeated grant or revoke is no event)", got)
+	}
+	if err := s.Grant(ctx, "carol", "acme", "root"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("grant to nobody: %v", err)
+	}
+	if err := s.Revoke(ctx, "carol", "acme", "root"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("revoke from nobody: %v", err)
+	}
+	if err := s.Remove(ctx, "ada", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if allowed("ada", "acme") || count(t, pool, "operator_grants") != 0 {
+		t.Fatal("a removed operator's grants stayed")
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, ""); !errors.Is(err, ErrBadLogin) {
+		t.Fatalf("a removed operator logged in: %v", err)
+	}
+	if err := s.Remove(ctx, "ada", "root"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second remove: %v", err)
+	}
+	if got := kinds(t, s, "ada"); got[len(got)-1] != "remove" {
+		t.Fatalf("the history did not survive the removal: %v", got)
+	}
+	ops, err := s.List(ctx)
+	if err != nil || len(ops) != 1 || ops[0].Name != "bob" {
+		t.Fatalf("list = %+v, %v", ops, err)
+	}
+}
+
+func TestBadOperatorInputIsRefusedAndWritesNothing(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	if err := s.Add(ctx, "ada", good, "root"); err != nil {
+		t.Fatal(err)
+	}
+	before := count(t, pool, "operators") + count(t, pool, "operator_grants") + count(t, pool, "operator_events")
+	for name, err := range map[string]error{
+		"upper-case name":      s.Add(ctx, "Ada", good, "root"),
+		"name with a space":    s.Add(ctx, "a b", good, "root"),
+		"name too long":        s.Add(ctx, strings.Repeat("a", 65), good, "root"),
+		"empty name":           s.Add(ctx, "", good, "root"),
+		"short password":       s.Add(ctx, "bob", "short", "root"),
+		"password with a NUL":  s.Add(ctx, "bob", good+"\x00", "root"),
+		"password not UTF-8":   s.Add(ctx, "bob", good+"\xff", "root"),
+		"no actor":             s.Add(ctx, "bob", good, ""),
+		"short new password":   s.SetPassword(ctx, "ada", "short", "root"),
+		"grant a bad org":      s.Grant(ctx, "ada", "Acme Corp", "root"),
+		"grant a traversal":    s.Grant(ctx, "ada", "../globex", "root"),
+		"revoke a bad org":     s.Revoke(ctx, "ada", "", "root"),
+		"disable a bad name":   s.SetDisabled(ctx, "../ada", true, "root"),
+		"remove without actor": s.Remove(ctx, "ada", ""),
+	} {
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if after := count(t, pool, "operators") + count(t, pool, "operator_grants") + count(t, pool, "operator_events"); after != before {
+		t.Fatalf("refused calls wrote %d rows", after-before)
+	}
+	if _, err := New(pool, 3); err == nil {
+		t.Fatal("a bcrypt cost below the minimum was accepted")
+	}
+}
