@@ -5,7 +5,9 @@ export CGO_ENABLED ?= 0
 
 BIN := bin/hermes-host
 AGENT := bin/scripted-agent
-GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql sartiq/backend/migrations/*.sql) sartiq/backend/openapi.yaml
+GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql sartiq/backend/migrations/*.sql static/*.css) sartiq/backend/openapi.yaml
+# htmx, from npm as package-lock.json pins it, copied where the binary embeds it from.
+HTMX := static/vendor/htmx.min.js
 
 .PHONY: run test build generate lint test-go fuzz bench images clean
 
@@ -17,8 +19,12 @@ run: build
 ## build: write bin/hermes-host and, beside it, the scripted agent that stands in for Hermes.
 build: $(BIN) $(AGENT)
 
-$(BIN): $(GO_SOURCES)
+$(BIN): $(GO_SOURCES) $(HTMX)
 	$(GO) build -trimpath -o $@ ./cmd/hermes-host
+
+$(HTMX): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(@D) && cp node_modules/htmx.org/dist/htmx.min.js $@
 
 $(AGENT): $(GO_SOURCES)
 	$(GO) build -trimpath -o $@ ./cmd/scripted-agent
@@ -28,12 +34,15 @@ images: build
 	@if scripts/docker.sh status; then $(BIN) images build $(BIN) $(AGENT); \
 	else scripts/docker.sh start && { $(BIN) images build $(BIN) $(AGENT); rc=$$?; scripts/docker.sh stop; exit $$rc; }; fi
 
-## generate: regenerate generated code.
+## generate: regenerate generated code (the templ components).
 generate:
 	$(GO) generate ./...
 
-## lint: gofmt, go vet and staticcheck.
-lint:
+## lint: the templ components' generated code is current, gofmt, go vet and staticcheck.
+lint: $(HTMX)
+	@$(GO) tool templ generate -path templates >/dev/null 2>&1 || $(GO) tool templ generate -path templates
+	@if ! git diff --quiet -- templates || [ -n "$$(git ls-files --others --exclude-standard -- templates)" ]; then \
+		echo "templates/*_templ.go are stale or not added: run make generate and commit them"; git status --short -- templates; exit 1; fi
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
@@ -63,4 +72,4 @@ bench: build
 	HERMES_BENCH_SLOW=1 scripts/with-services.sh $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 30m ./...
 
 clean:
-	rm -rf bin
+	rm -rf bin static/vendor

@@ -114,6 +114,8 @@ var (
 		Usage: "the dispatcher's internal address: the control API for per-org processes, /healthz and /metrics"})
 	ControlURL = define(Var{Name: "CONTROL_URL",
 		Usage: "the control API as org containers reach it; default http://CONTROL_ADDR"})
+	SessionCookieSecure = define(Var{Name: "SESSION_COOKIE_SECURE", Default: "true",
+		Usage: "mark the launcher's session cookie Secure (HTTPS only); dev turns it off for its plain-HTTP localhost"})
 	ControlKey = define(Var{Name: "CONTROL_KEY", Secret: true,
 		Usage: "this org's control API key, which the dispatcher hands run-job; the agent's subagent hooks reach the API through the worker with it, never holding it"})
 	ControlSecret = define(Var{Name: "CONTROL_SECRET", Secret: true,

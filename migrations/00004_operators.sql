@@ -1,5 +1,6 @@
 -- Operator accounts and their per-org grants: who may open which org's dashboard through
 -- the launcher. Passwords are kept only as bcrypt hashes. Every change is an event row.
+-- The launcher's login sessions live here too.
 -- +goose Up
 CREATE TABLE operators (
     name          text PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9._-]{0,63}$'),
@@ -29,7 +30,16 @@ CREATE TABLE operator_events (
 );
 CREATE INDEX operator_events_operator_idx ON operator_events (operator, id);
 
+-- The launcher's login sessions (scs's pgxstore names the table and its columns).
+CREATE TABLE sessions (
+    token  text PRIMARY KEY,
+    data   bytea NOT NULL,
+    expiry timestamptz NOT NULL
+);
+CREATE INDEX sessions_expiry_idx ON sessions (expiry);
+
 -- +goose Down
+DROP TABLE sessions;
 DROP TABLE operator_events;
 DROP TABLE operator_grants;
 DROP TABLE operators;

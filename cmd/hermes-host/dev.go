@@ -3,17 +3,22 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/migrations"
+	"hermeshost/operator"
 	"hermeshost/pg"
+	"hermeshost/sartiq/backend"
 	"hermeshost/service"
 )
 
@@ -21,7 +26,7 @@ func devCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "dev",
 		Summary: "run the whole product on this machine (the embedded default of `make run`)",
-		Env:     append(append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey}, backendEnv...), dispatcherEnv...),
+		Env:     append(append([]config.Var{config.DatabaseURL, config.GatewaySecret, config.GatewayKey, config.SessionCookieSecure}, backendEnv...), dispatcherEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8080", "listen address of the dev status server (port 0 picks one)")
 			backendAddr := fs.String("backend-addr", "127.0.0.1:8090", "listen address of the seeded reference backend (port 0 picks one)")
@@ -29,6 +34,7 @@ func devCommand() *cli.Command {
 			gw := gatewaySettings{upstream: demoUpstream}
 			fs.StringVar(&gw.addr, "gateway-addr", "127.0.0.1:8091", "listen address of the model gateway, which serves the demo upstream (port 0 picks one)")
 			controlAddr := fs.String("control-addr", "127.0.0.1:8092", "listen address of the dispatcher's control API, /healthz and /metrics (port 0 picks one)")
+			launcherAddr := fs.String("launcher-addr", "127.0.0.1:8093", "listen address of the operators' launcher (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return cli.Usagef("dev takes no arguments")
@@ -37,7 +43,13 @@ func devCommand() *cli.Command {
 				var shutdownGrace time.Duration
 				var bs backendSettings
 				var ds dispatcherSettings
+				var ls launcherSettings
 				log, err := startup("dev", func(e *config.Env) {
+					// Plain HTTP on localhost: the cookie cannot be Secure unless asked.
+					ls.secureCookie = false
+					if _, set := os.LookupEnv(config.SessionCookieSecure.Name); set {
+						ls.secureCookie = e.Bool(config.SessionCookieSecure)
+					}
 					url = e.Required(config.DatabaseURL)
 					shutdownGrace = grace(e)
 					bs = readBackendSettings(e, false)
@@ -93,9 +105,22 @@ func devCommand() *cli.Command {
 				case <-gctx.Done():
 					return g.Wait()
 				}
+				ls.dbURL, ls.grace = url, shutdownGrace
+				launcherSrv, closeLauncher, err := runLauncher(gctx, service.NewOps(log), ls, *launcherAddr)
+				if err != nil {
+					return err
+				}
+				defer closeLauncher()
+				login, err := demoOperator(gctx, pool)
+				if err != nil {
+					return err
+				}
 				log.Info("hermes-host dev is up", "status_url", srv.URL(), "backend_url", backendSrv.URL(),
-					"gateway_url", gatewayURL, "schema", schema)
+					"gateway_url", gatewayURL, "launcher_url", launcherSrv.URL(), "schema", schema)
+				// The one thing an operator needs to start, on stdout rather than in the log.
+				fmt.Printf("\nLauncher: %s\nLog in as %s with password %s (made for this run)\n\n", launcherSrv.URL(), demoOperatorName, login)
 				g.Go(func() error { return srv.Serve(gctx) })
+				g.Go(func() error { return launcherSrv.Serve(gctx) })
 				g.Go(func() error { return backendSrv.Serve(gctx) })
 
 				if ds.orgsRoot, err = filepath.Abs(*orgsRoot); err != nil {
@@ -114,4 +139,33 @@ func devCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// demoOperatorName is the operator `dev` logs in as.
+const demoOperatorName = "admin"
+
+// demoOperator makes (or keeps) the dev operator, gives it a password made for this run and
+// grants it the demo orgs; it returns the password.
+func demoOperator(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	ops, err := operator.New(pool, 0)
+	if err != nil {
+		return "", err
+	}
+	pw := operator.GeneratePassword()
+	err = ops.Add(ctx, demoOperatorName, pw, "dev")
+	if errors.Is(err, operator.ErrExists) {
+		err = ops.SetPassword(ctx, demoOperatorName, pw, "dev")
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := ops.SetDisabled(ctx, demoOperatorName, false, "dev"); err != nil {
+		return "", err
+	}
+	for _, org := range backend.DemoOrganizations {
+		if err := ops.Grant(ctx, demoOperatorName, org, "dev"); err != nil {
+			return "", err
+		}
+	}
+	return pw, nil
 }

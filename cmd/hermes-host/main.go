@@ -22,6 +22,7 @@ func root() *cli.Command {
 			dispatcherCommand(),
 			gatewayCommand(),
 			imagesCommand(),
+			launcherCommand(),
 			leaseCommand(),
 			migrateCommand(),
 			operatorCommand(),

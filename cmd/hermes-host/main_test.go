@@ -9,6 +9,8 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/http/cookiejar"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,7 +233,9 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	url, _ := pgtest.EmptySchema(t)
 	backendURL, _ := pgtest.EmptySchema(t)
 	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
-		"--orgs-root", t.TempDir())
+		"--launcher-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--orgs-root", t.TempDir())
+	var stdout syncBuffer
+	cmd.Stdout = &stdout
 	// Claiming off (the job flow is the dispatcher's own test), and no Docker engine, so the
 	// dispatcher takes the process runtime whatever runs on this machine.
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL,
@@ -245,7 +249,7 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
 
-	statusURL, backendBase, gatewayURL := "", "", ""
+	statusURL, backendBase, gatewayURL, launcherURL := "", "", "", ""
 	var logs strings.Builder
 	lines := bufio.NewScanner(stderr)
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() }) //nolint:errcheck
@@ -257,9 +261,10 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 			StatusURL  string `json:"status_url"`
 			BackendURL string `json:"backend_url"`
 			GatewayURL string `json:"gateway_url"`
+			Launcher   string `json:"launcher_url"`
 		}
 		if json.Unmarshal(lines.Bytes(), &ev) == nil && ev.Msg == "hermes-host dev is up" {
-			statusURL, backendBase, gatewayURL = ev.StatusURL, ev.BackendURL, ev.GatewayURL
+			statusURL, backendBase, gatewayURL, launcherURL = ev.StatusURL, ev.BackendURL, ev.GatewayURL, ev.Launcher
 		}
 	}
 	if statusURL == "" {
@@ -289,6 +294,26 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 	if err := gateway.Gate(t.Context(), http.DefaultClient, gatewayURL, key, gateway.DemoWorkerModel, gateway.DemoVisionModel); err != nil {
 		t.Fatalf("dev's gateway (%q) does not serve the demo models: %v", gatewayURL, err)
+	}
+	// The launcher, with the login dev printed for it.
+	var printed []string
+	waitUntil(t, 10*time.Second, func() bool {
+		printed = regexp.MustCompile(`(?m)^Launcher: (\S+)\nLog in as (\S+) with password (\S+)`).FindStringSubmatch(stdout.String())
+		return printed != nil
+	})
+	if printed[1] != launcherURL {
+		t.Fatalf("printed launcher %s, logged %s", printed[1], launcherURL)
+	}
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	resp, err = browser.PostForm(launcherURL+"/login", neturl.Values{"name": {printed[2]}, "password": {printed[3]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), `data-testid="org-acme"`) || !strings.Contains(string(page), `data-testid="org-globex"`) {
+		t.Fatalf("logging in with the printed login: %d\n%s", resp.StatusCode, page)
 	}
 	drained := make(chan struct{})
 	go func() { io.Copy(io.Discard, stderr); close(drained) }() //nolint:errcheck
@@ -431,5 +456,35 @@ func TestWorkerIdleStopsOnSIGTERM(t *testing.T) {
 func TestImagesBuildWantsBinaries(t *testing.T) {
 	if r := run(t, nil, "images", "build"); r.code != 2 || !strings.Contains(r.stderr, "name the static binaries") {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// syncBuffer is a bytes.Buffer a subprocess writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitUntil polls ok until it holds, failing the test after within.
+func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not so after %s", within)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

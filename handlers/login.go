@@ -1,0 +1,40 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+
+	"hermeshost/operator"
+	"hermeshost/templates"
+)
+
+// maxLoginForm bounds the login form's body.
+const maxLoginForm = 8 << 10
+
+// Login is POST /login: check the name and password, start a fresh session (a new token,
+// so one planted before the login is worthless), and go where the operator was headed.
+func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
+	if err := r.ParseForm(); err != nil {
+		h.render(w, r, http.StatusBadRequest, templates.LoginPage(templates.LoginView{Error: "The form could not be read; try again."}))
+		return
+	}
+	name, password, next := r.PostForm.Get("name"), r.PostForm.Get("password"), LocalPath(r.PostForm.Get("next"))
+	op, err := h.Operators.Authenticate(r.Context(), name, password, r.RemoteAddr)
+	if errors.Is(err, operator.ErrBadLogin) {
+		h.Log.Info("login refused", "operator", name, "remote", r.RemoteAddr)
+		h.render(w, r, http.StatusUnauthorized, templates.LoginPage(templates.LoginView{Name: name, Next: next, Error: "Wrong name or password."}))
+		return
+	}
+	if err != nil {
+		h.failed(w, r, err)
+		return
+	}
+	if err := h.Sessions.RenewToken(r.Context()); err != nil {
+		h.failed(w, r, err)
+		return
+	}
+	h.Sessions.Put(r.Context(), SessionOperator, op.Name)
+	h.Log.Info("operator logged in", "operator", op.Name, "remote", r.RemoteAddr)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
