@@ -3,6 +3,7 @@
 package web
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -39,7 +40,8 @@ type LauncherConfig struct {
 // Launcher is the launcher's HTTP handler. Close stops its session cleanup.
 type Launcher struct {
 	handler http.Handler
-	store   *pgxstore.PostgresStore
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // NewLauncher builds the launcher on ops' router (/healthz and /metrics beside it).
@@ -59,7 +61,9 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	if cfg.RefreshSeconds == 0 {
 		cfg.RefreshSeconds = 5
 	}
-	store := pgxstore.NewWithCleanupInterval(cfg.DB, 10*time.Minute)
+	// pgxstore's own cleanup goroutine races its stop and logs outside slog; the launcher
+	// runs its own.
+	store := pgxstore.NewWithCleanupInterval(cfg.DB, 0)
 	sessions := scs.New()
 	sessions.Store = store
 	sessions.Lifetime = cfg.SessionLifetime
@@ -91,14 +95,41 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 			})
 		})
 	})
-	return &Launcher{handler: r, store: store}, nil
+	l := &Launcher{handler: r, stop: make(chan struct{}), done: make(chan struct{})}
+	go l.cleanup(cfg.DB, ops)
+	return l, nil
+}
+
+// sessionCleanup is how often expired sessions are deleted (a session past its expiry is
+// refused anyway; this only keeps the table small).
+const sessionCleanup = 10 * time.Minute
+
+func (l *Launcher) cleanup(db *pgxpool.Pool, ops *service.Ops) {
+	defer close(l.done)
+	t := time.NewTicker(sessionCleanup)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := db.Exec(ctx, `DELETE FROM sessions WHERE expiry < now()`); err != nil {
+			ops.Log.Warn("launcher: delete expired sessions", "err", err)
+		}
+		cancel()
+	}
 }
 
 // Handler serves the launcher.
 func (l *Launcher) Handler() http.Handler { return l.handler }
 
 // Close stops the expired-session cleanup.
-func (l *Launcher) Close() { l.store.StopCleanup() }
+func (l *Launcher) Close() {
+	close(l.stop)
+	<-l.done
+}
 
 // securityHeaders keeps the pages to this origin's own scripts and styles, out of frames,
 // and out of caches.
