@@ -82,6 +82,8 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	r.Group(func(r chi.Router) {
 		r.Use(securityHeaders)
 		r.Handle("/static/*", http.StripPrefix("/static", static.Handler()))
+		// Browsers ask for it on every site; there is none, and saying so is no error.
+		r.Get("/favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 		r.Group(func(r chi.Router) {
 			// Every unsafe method must come from this origin (Sec-Fetch-Site, else Origin).
 			r.Use(http.NewCrossOriginProtection().Handler, sessions.LoadAndSave)
