@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/gavv/httpexpect/v2"
 )
 
 func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
@@ -20,10 +22,7 @@ func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
 	const json = "application/json"
 	long := strings.Repeat("h", 201)
 	sql := "x' OR '1'='1"
-	cases := []struct {
-		name, method, path, contentType, body string
-		want                                  int
-	}{
+	cases := []refusal{
 		{"text/plain body", "POST", "/v1/leases/acquire", "text/plain", `{"key":"home:acme","holder":"w","ttl_ms":1000}`, 415},
 		{"form body", "POST", "/v1/leases/release", "application/x-www-form-urlencoded", `key=home:acme&holder=worker-1&epoch=1`, 415},
 		{"no content type", "POST", "/v1/leases/refresh", "", `{"key":"home:acme","holder":"worker-1","epoch":1,"ttl_ms":1000}`, 415},
@@ -73,6 +72,21 @@ func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
 		{"jobs cursor not ours", "GET", "/v1/jobs?cursor=eyJ4IjoxfQ", "", "", 400},
 		{"delete a lease", "DELETE", "/v1/leases/home:acme", "", "", 405},
 	}
+	expectRefusals(t, a, cases)
+	if after := f.snapshot(); after != before {
+		t.Fatalf("a refused request wrote:\n%s\nthen\n%s", before, after)
+	}
+}
+
+// refusal is a request the API must refuse with want, in its error shape.
+type refusal struct {
+	name, method, path, contentType, body string
+	want                                  int
+}
+
+// expectRefusals sends each case with a and checks the status and the {error, message} body.
+func expectRefusals(t *testing.T, a *httpexpect.Expect, cases []refusal) {
+	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			path, query, _ := strings.Cut(c.path, "?")
@@ -87,8 +101,5 @@ func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
 			obj.Keys().ContainsOnly("error", "message")
 			obj.Value("message").String().NotEmpty()
 		})
-	}
-	if after := f.snapshot(); after != before {
-		t.Fatalf("a refused request wrote:\n%s\nthen\n%s", before, after)
 	}
 }

@@ -1,16 +1,15 @@
 package control
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
+
+	"hermeshost/internal/testio"
 
 	"github.com/gavv/httpexpect/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,23 +30,6 @@ const (
 	orgB                       = "globex"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // fixture is the real handler over a fresh migrated schema, on an httptest server.
 type fixture struct {
 	t      *testing.T
@@ -57,7 +39,7 @@ type fixture struct {
 	server *Server
 	srv    *httptest.Server
 	reg    *prometheus.Registry
-	logs   *syncBuffer
+	logs   *testio.Buffer
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -68,7 +50,7 @@ func newFixture(t *testing.T) *fixture {
 	subs := subagent.New(pool, subagent.Options{})
 	t.Cleanup(subs.Close)
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testio.Buffer{}
 	s, err := NewServer(Config{
 		DB: pool, Leases: store, Subagents: subs, Secret: testSecret, Registerer: reg, MaxWait: testMaxWait,
 		Log: slog.New(slog.NewJSONHandler(logs, nil)),
@@ -96,31 +78,12 @@ func (f *fixture) bearer(auth string) *httpexpect.Expect {
 	e := httpexpect.WithConfig(httpexpect.Config{
 		BaseURL:  f.srv.URL,
 		Reporter: httpexpect.NewAssertReporter(f.t),
-		Client:   &http.Client{Transport: readWhole{f.srv.Client().Transport}},
+		Client:   &http.Client{Transport: testio.ReadWhole{Next: f.srv.Client().Transport}},
 	})
 	if auth == "" {
 		return e
 	}
 	return e.Builder(func(r *httpexpect.Request) { r.WithHeader("Authorization", auth) })
-}
-
-// readWhole reads every response body at once and closes it. httpexpect reads a body only
-// when a test looks at it and otherwise leaves it to a finalizer, which would keep the
-// connection's goroutines alive past the test and trip goleak.
-type readWhole struct{ next http.RoundTripper }
-
-func (rw readWhole) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := rw.next.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	return resp, nil
 }
 
 // as is an httpexpect client presenting org's control key.

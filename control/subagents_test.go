@@ -153,10 +153,7 @@ func TestBadSubagentInputIsRefusedAndWritesNothing(t *testing.T) {
 	a := f.as(orgA)
 	const json = "application/json"
 	sql := "x' OR '1'='1"
-	cases := []struct {
-		name, method, path, contentType, body string
-		want                                  int
-	}{
+	cases := []refusal{
 		{"start as text", "POST", "/v1/subagents", "text/plain", `{"id":"sa-2","goal":"g"}`, 415},
 		{"start too large", "POST", "/v1/subagents", json, `{"id":"sa-2","goal":"` + strings.Repeat("g", MaxBody) + `"}`, 413},
 		{"start without goal", "POST", "/v1/subagents", json, `{"id":"sa-2"}`, 400},
@@ -189,21 +186,7 @@ func TestBadSubagentInputIsRefusedAndWritesNothing(t *testing.T) {
 		{"unknown child", "GET", "/v1/subagents/sa-9", "", "", 404},
 		{"delete a child", "DELETE", "/v1/subagents/sa-1", "", "", 405},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			path, query, _ := strings.Cut(c.path, "?")
-			req := a.Request(c.method, path).WithQueryString(query)
-			if c.body != "" || c.method == "POST" {
-				req = req.WithBytes([]byte(c.body))
-			}
-			if c.contentType != "" {
-				req = req.WithHeader("Content-Type", c.contentType)
-			}
-			obj := req.Expect().Status(c.want).JSON().Object()
-			obj.Keys().ContainsOnly("error", "message")
-			obj.Value("message").String().NotEmpty()
-		})
-	}
+	expectRefusals(t, a, cases)
 	if after := f.snapshot(); after != before {
 		t.Fatalf("a refused request wrote:\n%s\nthen\n%s", before, after)
 	}

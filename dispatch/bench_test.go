@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"hermeshost/internal/latency"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
@@ -449,13 +451,6 @@ func (w *benchWorld) completed(b *testing.B) int {
 	return n
 }
 
-// reportLatency reports the median and 99th percentile of lat in milliseconds.
-func reportLatency(b *testing.B, lat []time.Duration) {
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
-}
-
 // BenchmarkClaimToAgentStart is, per job on a warm worker, the time from the dispatcher's
 // claim to the worker's agent_start line, beside a bare runtime exec of `hermes-host
 // --help` in the same worker: the difference is what the dispatcher and the worker do
@@ -489,7 +484,7 @@ func BenchmarkClaimToAgentStart(b *testing.B) {
 						b.Fatalf("exec hermes-host --help: %v %v", st, err)
 					}
 				}
-				reportLatency(b, lat)
+				latency.Report(b, lat)
 			})
 			b.Run("dispatcher", func(b *testing.B) {
 				lat := make([]time.Duration, 0, 256)
@@ -502,7 +497,7 @@ func BenchmarkClaimToAgentStart(b *testing.B) {
 					}
 					lat = append(lat, agent.Sub(claimed))
 				}
-				reportLatency(b, lat)
+				latency.Report(b, lat)
 			})
 			if e, err := w.rt.EnsureWorker(ctx, org); err != nil || e.Cold || e.ID != warmed.ID {
 				b.Fatalf("the worker did not stay warm: %+v (was %s) %v", e, warmed.ID, err)

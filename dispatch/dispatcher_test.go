@@ -1,7 +1,6 @@
 package dispatch_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,9 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"hermeshost/internal/testio"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -44,23 +44,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a log sink the test reads while the dispatcher writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 type fixture struct {
 	backend *backendtest.Backend
 	db      *pgxpool.Pool
-	logs    *syncBuffer
+	logs    *testio.Buffer
 	cfg     dispatch.Config
 }
 
@@ -91,7 +78,7 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close() })
-	logs := &syncBuffer{}
+	logs := &testio.Buffer{}
 	return &fixture{backend: b, db: db, logs: logs, cfg: dispatch.Config{
 		Instance: "dispatch-test", Bot: bot, APIURL: b.URL, Runtime: rt, DB: db, OrgsRoot: filepath.Join(root, "orgs"),
 		GatewayURL: gatewayURL, GatewayKey: "host-key", GatewaySecret: "gw-secret",

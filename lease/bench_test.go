@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"hermeshost/internal/latency"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -146,9 +147,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		slices.Sort(lat)
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
+		latency.Report(b, lat)
 	}
 	b.Run("notify", func(b *testing.B) {
 		run(b, func(ctx context.Context, s *Store, key string) error {

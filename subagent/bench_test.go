@@ -3,11 +3,12 @@ package subagent
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"hermeshost/internal/latency"
 
 	"hermeshost/pg/pgtest"
 )
@@ -53,9 +54,7 @@ func BenchmarkMailboxHandoff(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		slices.Sort(lat)
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
+		latency.Report(b, lat)
 	}
 	b.Run("notify", func(b *testing.B) {
 		run(b, func(ctx context.Context, s *Store, id string, ready chan<- struct{}) (Mailbox, error) {

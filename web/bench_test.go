@@ -9,9 +9,10 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"slices"
 	"testing"
 	"time"
+
+	"hermeshost/internal/latency"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -77,9 +78,7 @@ SELECT $1 || '-' || n, $1, 'product_ingest', (ARRAY['RUNNING','COMPLETED','FAILE
 			lat = append(lat, time.Since(start))
 		}
 		b.StopTimer()
-		slices.Sort(lat)
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
+		latency.Report(b, lat)
 	}
 	b.Run("orgs", func(b *testing.B) { get(b, "/orgs") })
 	b.Run("healthz", func(b *testing.B) { get(b, "/healthz") })

@@ -1,9 +1,7 @@
 package web_test
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
@@ -11,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"hermeshost/internal/testio"
 
 	"github.com/gavv/httpexpect/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,28 +93,9 @@ func (f *fixture) browser() *httpexpect.Expect {
 		Client: &http.Client{
 			Jar:           jar,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-			Transport:     readWhole{f.srv.Client().Transport},
+			Transport:     testio.ReadWhole{Next: f.srv.Client().Transport},
 		},
 	})
-}
-
-// readWhole reads every response body at once and closes it: httpexpect reads a body only
-// when a test looks at it, and an unread one keeps its connection's goroutines alive past
-// the test (goleak).
-type readWhole struct{ next http.RoundTripper }
-
-func (rw readWhole) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := rw.next.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	return resp, nil
 }
 
 func login(e *httpexpect.Expect, name, pw string) *httpexpect.Response {

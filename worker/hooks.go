@@ -1,15 +1,12 @@
 package worker
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -31,10 +28,7 @@ import (
 //	GET  /subagents/{id}/mailbox?wait_ms=N
 //	POST /subagents/{id}/mailbox/ack   {ids}
 type HookProxy struct {
-	path string
-	ln   net.Listener
-	srv  *http.Server
-	done chan struct{}
+	*socketServer
 
 	ctl   *control.Client
 	job   string
@@ -51,21 +45,10 @@ const maxHookBody = 64 << 10
 // StartHookProxy listens on socket (0600; an old socket file is replaced). event, if set,
 // hears of every child started and stopped, for the job's progress stream.
 func StartHookProxy(socket string, ctl *control.Client, job string, log *slog.Logger, event func(kind string, data any)) (*HookProxy, error) {
-	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("hook proxy: clear %s: %w", socket, err)
-	}
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		return nil, fmt.Errorf("hook proxy: listen on %s: %w", socket, err)
-	}
-	if err := os.Chmod(socket, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("hook proxy: %w", err)
-	}
 	if event == nil {
 		event = func(string, any) {}
 	}
-	p := &HookProxy{path: socket, ln: ln, done: make(chan struct{}), ctl: ctl, job: job, log: log, event: event, mine: map[string]bool{}}
+	p := &HookProxy{ctl: ctl, job: job, log: log, event: event, mine: map[string]bool{}}
 	r := chi.NewRouter()
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		service.WriteError(w, http.StatusNotFound, control.CodeNotFound, "no such hook")
@@ -74,26 +57,13 @@ func StartHookProxy(socket string, ctl *control.Client, job string, log *slog.Lo
 	r.Post("/subagents/{id}/stop", p.stop)
 	r.Get("/subagents/{id}/mailbox", p.mailbox)
 	r.Post("/subagents/{id}/mailbox/ack", p.ack)
-	// No WriteTimeout: a mailbox drain may wait (the control API bounds it).
-	p.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		defer close(p.done)
-		_ = p.srv.Serve(ln)
-	}()
+	srv, err := serveSocket(socket, "hook proxy", r)
+	if err != nil {
+		return nil, err
+	}
+	// Its Path is the agent's HERMES_HOST_HOOKS_SOCKET.
+	p.socketServer = srv
 	return p, nil
-}
-
-// Path is the socket's path, for the agent's HERMES_HOST_HOOKS_SOCKET.
-func (p *HookProxy) Path() string { return p.path }
-
-// Close stops the proxy and removes the socket.
-func (p *HookProxy) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := p.srv.Shutdown(ctx)
-	<-p.done
-	_ = os.Remove(p.path)
-	return err
 }
 
 // hookStart is the start hook's body: a subagent.Start without the job, which is the

@@ -21,10 +21,7 @@ import (
 // never in the agent's environment, arguments or files. The backend's allowlist still
 // decides what the token may do; the proxy only carries it.
 type TokenProxy struct {
-	path string
-	ln   net.Listener
-	srv  *http.Server
-	done chan struct{}
+	*socketServer
 }
 
 // Accepted is one write the backend accepted through the proxy, as the worker's checkpoint
@@ -41,17 +38,6 @@ var productsPath = regexp.MustCompile(`^/organizations/[a-z0-9][a-z0-9-]{0,62}/p
 // forwards to api. accepted, if set, hears of every write surface call the backend
 // answered with 2xx.
 func StartTokenProxy(socket string, api *url.URL, token service.Secret, log *slog.Logger, accepted func(Accepted)) (*TokenProxy, error) {
-	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("token proxy: clear %s: %w", socket, err)
-	}
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		return nil, fmt.Errorf("token proxy: listen on %s: %w", socket, err)
-	}
-	if err := os.Chmod(socket, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("token proxy: %w", err)
-	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(api)
@@ -76,25 +62,63 @@ func StartTokenProxy(socket string, api *url.URL, token service.Secret, log *slo
 			service.WriteError(w, http.StatusBadGateway, "backend_unreachable", "the Sartiq API could not be reached")
 		},
 	}
-	p := &TokenProxy{path: socket, ln: ln, done: make(chan struct{}),
-		srv: &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}}
-	go func() {
-		defer close(p.done)
-		_ = p.srv.Serve(ln)
-	}()
-	return p, nil
+	srv, err := serveSocket(socket, "token proxy", rp)
+	if err != nil {
+		return nil, err
+	}
+	// Its Path is the agent's SARTIQ_PROXY_SOCKET; once Close has removed the socket, after
+	// the agent is done, nothing can use the token through it.
+	return &TokenProxy{srv}, nil
 }
 
-// Path is the socket's path, for the agent's SARTIQ_PROXY_SOCKET.
-func (p *TokenProxy) Path() string { return p.path }
+// socketServer is an HTTP server on a unix socket of the worker's, for the agent.
+type socketServer struct {
+	path string
+	srv  *http.Server
+	done chan struct{}
+}
 
-// Close stops the proxy and removes the socket: once the agent is done, nothing can use
-// the token through it.
-func (p *TokenProxy) Close() error {
+// serveSocket serves h on socket (0600; an old socket file is replaced). No WriteTimeout:
+// a hook's mailbox drain may wait (the control API bounds it).
+func serveSocket(socket, what string, h http.Handler) (*socketServer, error) {
+	ln, err := listenSocket(socket, what)
+	if err != nil {
+		return nil, err
+	}
+	s := &socketServer{path: socket, done: make(chan struct{}), srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+// Path is the socket's path.
+func (s *socketServer) Path() string { return s.path }
+
+// Close stops the server and removes the socket.
+func (s *socketServer) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := p.srv.Shutdown(ctx)
-	<-p.done
-	_ = os.Remove(p.path)
+	err := s.srv.Shutdown(ctx)
+	<-s.done
+	_ = os.Remove(s.path)
 	return err
+}
+
+// listenSocket listens on a unix socket only its owner may use (0600), replacing an old
+// socket file left there; what names the listener in errors.
+func listenSocket(socket, what string) (net.Listener, error) {
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: clear %s: %w", what, socket, err)
+	}
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen on %s: %w", what, socket, err)
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return ln, nil
 }

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"hermeshost/config"
+	"hermeshost/migrations"
+	"hermeshost/pg"
 	"hermeshost/service"
 )
 
@@ -29,3 +34,18 @@ var serverEnv = []config.Var{config.LogLevel, config.ShutdownGrace}
 
 // grace reads SHUTDOWN_GRACE.
 func grace(env *config.Env) time.Duration { return env.Duration(config.ShutdownGrace) }
+
+// openHostDB reads DATABASE_URL for an operator's subcommand (process names it in the logs)
+// and opens the host database; close the pool when done.
+func openHostDB(ctx context.Context, process string) (*pgxpool.Pool, *slog.Logger, error) {
+	var url string
+	log, err := startup(process, func(e *config.Env) { url = e.Required(config.DatabaseURL) })
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, _, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, log, nil
+}

@@ -12,18 +12,11 @@ import (
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/lease"
-	"hermeshost/migrations"
-	"hermeshost/pg"
 )
 
 // withLeases opens the host database for a lease subcommand.
 func withLeases(ctx context.Context, act func(s *lease.Store) error) error {
-	var url string
-	log, err := startup("lease", func(e *config.Env) { url = e.Required(config.DatabaseURL) })
-	if err != nil {
-		return err
-	}
-	pool, _, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+	pool, log, err := openHostDB(ctx, "lease")
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"hermeshost/internal/testio"
+
 	"github.com/jackc/pgx/v5"
 
 	"hermeshost/gateway"
@@ -234,7 +236,7 @@ func TestDevServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	backendURL, _ := pgtest.EmptySchema(t)
 	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
 		"--launcher-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--orgs-root", t.TempDir())
-	var stdout syncBuffer
+	var stdout testio.Buffer
 	cmd.Stdout = &stdout
 	// Claiming off (the job flow is the dispatcher's own test), and no Docker engine, so the
 	// dispatcher takes the process runtime whatever runs on this machine.
@@ -457,24 +459,6 @@ func TestImagesBuildWantsBinaries(t *testing.T) {
 	if r := run(t, nil, "images", "build"); r.code != 2 || !strings.Contains(r.stderr, "name the static binaries") {
 		t.Fatalf("%+v", r)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a subprocess writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // waitUntil polls ok until it holds, failing the test after within.

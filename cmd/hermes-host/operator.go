@@ -10,18 +10,12 @@ import (
 
 	"hermeshost/cli"
 	"hermeshost/config"
-	"hermeshost/migrations"
 	"hermeshost/operator"
-	"hermeshost/pg"
 )
 
 // withOperators opens the host database for an operator subcommand.
 func withOperators(ctx context.Context, act func(s *operator.Store) error) error {
-	var url string
-	if _, err := startup("operator", func(e *config.Env) { url = e.Required(config.DatabaseURL) }); err != nil {
-		return err
-	}
-	pool, _, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+	pool, _, err := openHostDB(ctx, "operator")
 	if err != nil {
 		return err
 	}
@@ -31,14 +25,6 @@ func withOperators(ctx context.Context, act func(s *operator.Store) error) error
 		return err
 	}
 	return act(s)
-}
-
-// onePlusOrgs is NAME ORG... of grant and revoke.
-func onePlusOrgs(args []string) (string, []string, error) {
-	if len(args) < 2 {
-		return "", nil, cli.Usagef("want an operator NAME and at least one ORG")
-	}
-	return args[0], args[1:], nil
 }
 
 func operatorCommand() *cli.Command {
@@ -170,48 +156,8 @@ func operatorCommand() *cli.Command {
 					}
 				},
 			},
-			{
-				Name: "grant", Summary: "let an operator open these orgs' dashboards", Args: "NAME ORG...", Env: env,
-				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
-					actor := actorFlag(fs)
-					return func(ctx context.Context, args []string) error {
-						name, orgs, err := onePlusOrgs(args)
-						if err != nil {
-							return err
-						}
-						return withOperators(ctx, func(s *operator.Store) error {
-							for _, org := range orgs {
-								if err := s.Grant(ctx, name, org, *actor); err != nil {
-									return err
-								}
-							}
-							fmt.Printf("%s may open %s\n", name, strings.Join(orgs, ", "))
-							return nil
-						})
-					}
-				},
-			},
-			{
-				Name: "revoke", Summary: "take orgs away from an operator", Args: "NAME ORG...", Env: env,
-				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
-					actor := actorFlag(fs)
-					return func(ctx context.Context, args []string) error {
-						name, orgs, err := onePlusOrgs(args)
-						if err != nil {
-							return err
-						}
-						return withOperators(ctx, func(s *operator.Store) error {
-							for _, org := range orgs {
-								if err := s.Revoke(ctx, name, org, *actor); err != nil {
-									return err
-								}
-							}
-							fmt.Printf("%s may no longer open %s\n", name, strings.Join(orgs, ", "))
-							return nil
-						})
-					}
-				},
-			},
+			grantCommand("grant", "let an operator open these orgs' dashboards", "%s may open %s\n", (*operator.Store).Grant, env, actorFlag),
+			grantCommand("revoke", "take orgs away from an operator", "%s may no longer open %s\n", (*operator.Store).Revoke, env, actorFlag),
 			toggleCommand("disable", "stop an operator's logins and access; the account and grants are kept", true, env, actorFlag),
 			toggleCommand("enable", "let a disabled operator log in again", false, env, actorFlag),
 			{
@@ -250,6 +196,31 @@ func toggleCommand(name, summary string, disabled bool, env []config.Var, actorF
 						return err
 					}
 					fmt.Printf("%s is %sd\n", args[0], name)
+					return nil
+				})
+			}
+		},
+	}
+}
+
+// grantCommand is grant or revoke: change applied to NAME for each ORG, then done said.
+func grantCommand(name, summary, done string, change func(*operator.Store, context.Context, string, string, string) error,
+	env []config.Var, actorFlag func(*flag.FlagSet) *string) *cli.Command {
+	return &cli.Command{
+		Name: name, Summary: summary, Args: "NAME ORG...", Env: env,
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			actor := actorFlag(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) < 2 {
+					return cli.Usagef("want an operator NAME and at least one ORG")
+				}
+				return withOperators(ctx, func(s *operator.Store) error {
+					for _, org := range args[1:] {
+						if err := change(s, ctx, args[0], org, *actor); err != nil {
+							return err
+						}
+					}
+					fmt.Printf(done, args[0], strings.Join(args[1:], ", "))
 					return nil
 				})
 			}

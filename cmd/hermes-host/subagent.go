@@ -10,19 +10,12 @@ import (
 
 	"hermeshost/cli"
 	"hermeshost/config"
-	"hermeshost/migrations"
-	"hermeshost/pg"
 	"hermeshost/subagent"
 )
 
 // withSubagents opens the host database for a subagent subcommand.
 func withSubagents(ctx context.Context, act func(s *subagent.Store) error) error {
-	var url string
-	log, err := startup("subagent", func(e *config.Env) { url = e.Required(config.DatabaseURL) })
-	if err != nil {
-		return err
-	}
-	pool, _, err := pg.Open(ctx, url, migrations.Host.DefaultSchema)
+	pool, log, err := openHostDB(ctx, "subagent")
 	if err != nil {
 		return err
 	}

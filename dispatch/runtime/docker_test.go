@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"hermeshost/internal/testio"
+
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
@@ -184,7 +186,7 @@ func TestDockerRecreatesWorkerWhenSoulReplaced(t *testing.T) {
 func TestDetect(t *testing.T) {
 	t.Run("NoEngineMeansProcess", func(t *testing.T) {
 		t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
-		var logs syncBuffer
+		var logs testio.Buffer
 		rt, err := Detect(testContext(t), testConfig(t, &logs))
 		if err != nil {
 			t.Fatal(err)
@@ -199,7 +201,7 @@ func TestDetect(t *testing.T) {
 	})
 	t.Run("EngineMeansDocker", func(t *testing.T) {
 		requireEngine(t)
-		var logs syncBuffer
+		var logs testio.Buffer
 		rt, err := Detect(testContext(t), testConfig(t, &logs))
 		if err != nil {
 			t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"hermeshost/internal/testio"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -219,7 +221,7 @@ func testExecStreams(t *testing.T, h harness) {
 	stdinR, stdinW := io.Pipe()
 	defer stdinW.Close()
 	stdoutR, stdoutW := io.Pipe()
-	var stderr syncBuffer
+	var stderr testio.Buffer
 	type result struct {
 		status ExitStatus
 		err    error
@@ -347,7 +349,7 @@ func testCancel(t *testing.T, h harness) {
 }
 
 func testSecrets(t *testing.T, h harness) {
-	var logs syncBuffer
+	var logs testio.Buffer
 	cfg := testConfig(t, &logs)
 	rt := h.start(t, cfg)
 	org := newOrg(t, cfg, "secret")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"hermeshost/internal/testio"
+
 	"github.com/gavv/httpexpect/v2"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
@@ -50,26 +52,9 @@ type backendUnderTest struct {
 	db    *pgxpool.Pool
 	clock *clock
 	cfg   Config
-	logs  *syncBuffer
+	logs  *testio.Buffer
 	// checked is a client whose every response is validated against the document.
 	checked *http.Client
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 const (
@@ -81,7 +66,7 @@ func startBackend(t testing.TB) *backendUnderTest {
 	t.Helper()
 	_, db := pgtest.Schema(t, Migrations)
 	clk := &clock{t: time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)}
-	logs := &syncBuffer{}
+	logs := &testio.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	cfg := Config{BotToken: testBotToken, StaleAfter: testStaleAfter, TokenTTL: testTokenTTL, Now: clk.Now}
 	ops := service.NewOps(log)
