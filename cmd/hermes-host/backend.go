@@ -60,9 +60,20 @@ func backendSchemaOf(databaseURL string) string {
 	return strings.TrimSpace(databaseURL) + " search_path=" + backend.Migrations.DefaultSchema
 }
 
-// runBackend migrates the backend's schema, optionally seeds the demo, and serves until
-// ctx ends.
-func runBackend(ctx context.Context, s backendSettings, addr string, seed bool, ops *service.Ops) (*service.Server, func(), error) {
+// seeding is what runBackend puts in the backend before it serves.
+type seeding int
+
+const (
+	seedNothing seeding = iota
+	seedDemo            // the demo orgs, products and jobs, once
+	// seedDemoRun is seedDemo plus a fresh batch of demo jobs when the earlier ones are all
+	// done, so that every `make run` shows jobs flowing.
+	seedDemoRun
+)
+
+// runBackend migrates the backend's schema, seeds it as asked, and listens; the caller
+// serves.
+func runBackend(ctx context.Context, s backendSettings, addr string, seed seeding, ops *service.Ops) (*service.Server, func(), error) {
 	if err := backend.Migrations.Up(ctx, s.databaseURL, ops.Log); err != nil {
 		return nil, nil, err
 	}
@@ -70,10 +81,21 @@ func runBackend(ctx context.Context, s backendSettings, addr string, seed bool, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("backend: %w", err)
 	}
-	if seed {
+	if seed != seedNothing {
 		if err := backend.SeedDemo(ctx, pool, time.Now()); err != nil {
 			pool.Close()
 			return nil, nil, err
+		}
+	}
+	if seed == seedDemoRun {
+		batch := time.Now().UTC().Format("20060102T150405")
+		queued, err := backend.QueueDemoBatch(ctx, pool, time.Now(), batch)
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		if queued {
+			ops.Log.Info("the earlier demo jobs are done: queued a fresh batch", "batch", batch)
 		}
 	}
 	h, err := backend.New(pool, s.cfg, ops)
@@ -86,7 +108,7 @@ func runBackend(ctx context.Context, s backendSettings, addr string, seed bool, 
 		pool.Close()
 		return nil, nil, err
 	}
-	ops.Log.Info("reference backend is up", "url", srv.URL(), "schema", schema, "seeded", seed)
+	ops.Log.Info("reference backend is up", "url", srv.URL(), "schema", schema, "seeded", seed != seedNothing)
 	return srv, pool.Close, nil
 }
 
@@ -107,7 +129,11 @@ func backendCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				srv, closeDB, err := runBackend(ctx, s, *addr, *seed, service.NewOps(log))
+				seeds := seedNothing
+				if *seed {
+					seeds = seedDemo
+				}
+				srv, closeDB, err := runBackend(ctx, s, *addr, seeds, service.NewOps(log))
 				if err != nil {
 					return err
 				}

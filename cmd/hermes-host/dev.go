@@ -90,7 +90,7 @@ func devCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				backendSrv, closeBackendDB, err := runBackend(ctx, bs, *backendAddr, true, service.NewOps(log))
+				backendSrv, closeBackendDB, err := runBackend(ctx, bs, *backendAddr, seedDemoRun, service.NewOps(log))
 				if err != nil {
 					return err
 				}

@@ -172,3 +172,37 @@ func TestSeedIsIdempotent(t *testing.T) {
 	}
 	b.unchanged(before)
 }
+
+// A local run queues a fresh batch of demo jobs only once every earlier one is done.
+func TestADemoBatchIsQueuedOnlyWhenTheEarlierOnesAreDone(t *testing.T) {
+	b := startBackend(t)
+	ctx := t.Context()
+	count := func(status string) int {
+		t.Helper()
+		var n int
+		if err := b.db.QueryRow(ctx, `SELECT count(*) FROM agent_jobs WHERE status = $1`, status).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if queued, err := QueueDemoBatch(ctx, b.db, b.clock.Now(), "run-1"); err != nil || queued {
+		t.Fatalf("a batch beside the seeded, still queued jobs: %v %v", queued, err)
+	}
+	b.claim(b.demoJob("acme", "product_ingest"))
+	if _, err := b.db.Exec(ctx, `UPDATE agent_jobs SET status = 'COMPLETED' WHERE status = 'QUEUED'`); err != nil {
+		t.Fatal(err)
+	}
+	if queued, err := QueueDemoBatch(ctx, b.db, b.clock.Now(), "run-1"); err != nil || queued {
+		t.Fatalf("a batch while a demo job is claimed: %v %v", queued, err)
+	}
+	if _, err := b.db.Exec(ctx, `UPDATE agent_jobs SET status = 'COMPLETED', token_hash = NULL, token_expires_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := QueueDemoBatch(ctx, b.db, b.clock.Now(), "run-1")
+	if err != nil || !queued || count("QUEUED") != 2*len(DemoOrganizations) {
+		t.Fatalf("a batch after every demo job is done: %v %v, %d queued", queued, err, count("QUEUED"))
+	}
+	if queued, err := QueueDemoBatch(ctx, b.db, b.clock.Now(), "run-2"); err != nil || queued || count("QUEUED") != 4 {
+		t.Fatalf("a second batch beside the first: %v %v", queued, err)
+	}
+}

@@ -101,22 +101,7 @@ func SeedDemo(ctx context.Context, db *pgxpool.Pool, now time.Time) error {
 				return fmt.Errorf("seed demo products of %s: %w", org, err)
 			}
 		}
-		jobs := []NewJob{{
-			Type: sartiq.TypeProductIngest, OrganizationID: org, SeedKey: "demo:" + org + ":product_ingest",
-			Instructions: "Propose one product for each row of catalog.csv that is not in the catalogue yet.",
-			Sources: []sartiq.ManifestSource{{Name: "catalog.csv", MediaType: "text/csv",
-				Content: "sku,name,price\n" + org + "-101,Trail Shoe,89.00\n" + org + "-102,Rain Shell,129.00\n" + org + "-103,Wool Beanie,25.00\n"}},
-		}, {
-			Type: sartiq.TypeGuidelinesExtraction, OrganizationID: org, SeedKey: "demo:" + org + ":guidelines_extraction",
-			Instructions: "Extract the brand guidelines of every category from brand-book.md, one proposal per category.",
-			Categories:   DemoCategories,
-			Sources: []sartiq.ManifestSource{{Name: "brand-book.md", MediaType: "text/markdown",
-				Content: "# " + demoName(org) + " brand book\n\n## Tone of voice\nPlain, warm, never shouting.\n\n" +
-					"## Logo usage\nKeep clear space of one logo height; never recolour.\n\n" +
-					"## Color palette\nNight blue #1B2A4A, signal orange #F26B1D, paper #F7F4EE.\n\n" +
-					"## Typography\nHeadlines in Inter Bold, body in Source Serif.\n\n" +
-					"## Imagery\nNatural light, real customers, no stock handshakes.\n"}},
-		}}
+		jobs := demoJobs(org, "")
 		for _, j := range jobs {
 			if _, err := CreateJob(ctx, db, j, now); err != nil {
 				return fmt.Errorf("seed demo: %w", err)
@@ -124,6 +109,48 @@ func SeedDemo(ctx context.Context, db *pgxpool.Pool, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// demoJobs is org's demo jobs, one of each type; batch ("" for the first) tells their seed
+// keys apart from earlier batches'.
+func demoJobs(org, batch string) []NewJob {
+	return []NewJob{{
+		Type: sartiq.TypeProductIngest, OrganizationID: org, SeedKey: "demo:" + org + ":product_ingest" + batch,
+		Instructions: "Propose one product for each row of catalog.csv that is not in the catalogue yet.",
+		Sources: []sartiq.ManifestSource{{Name: "catalog.csv", MediaType: "text/csv",
+			Content: "sku,name,price\n" + org + "-101,Trail Shoe,89.00\n" + org + "-102,Rain Shell,129.00\n" + org + "-103,Wool Beanie,25.00\n"}},
+	}, {
+		Type: sartiq.TypeGuidelinesExtraction, OrganizationID: org, SeedKey: "demo:" + org + ":guidelines_extraction" + batch,
+		Instructions: "Extract the brand guidelines of every category from brand-book.md, one proposal per category.",
+		Categories:   DemoCategories,
+		Sources: []sartiq.ManifestSource{{Name: "brand-book.md", MediaType: "text/markdown",
+			Content: "# " + demoName(org) + " brand book\n\n## Tone of voice\nPlain, warm, never shouting.\n\n" +
+				"## Logo usage\nKeep clear space of one logo height; never recolour.\n\n" +
+				"## Color palette\nNight blue #1B2A4A, signal orange #F26B1D, paper #F7F4EE.\n\n" +
+				"## Typography\nHeadlines in Inter Bold, body in Source Serif.\n\n" +
+				"## Imagery\nNatural light, real customers, no stock handshakes.\n"}},
+	}}
+}
+
+// QueueDemoBatch queues a fresh batch of the demo jobs (named batch) unless a demo job is
+// still queued, claimed or running, so that every local run has jobs to show and none piles
+// up behind another. It reports whether it queued them.
+func QueueDemoBatch(ctx context.Context, db *pgxpool.Pool, now time.Time, batch string) (bool, error) {
+	var live bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM agent_jobs WHERE seed_key LIKE 'demo:%' AND status IN ('QUEUED', 'CLAIMED', 'RUNNING'))`).Scan(&live); err != nil {
+		return false, fmt.Errorf("queue demo jobs: %w", err)
+	}
+	if live {
+		return false, nil
+	}
+	for _, org := range DemoOrganizations {
+		for _, j := range demoJobs(org, ":"+batch) {
+			if _, err := CreateJob(ctx, db, j, now); err != nil {
+				return false, fmt.Errorf("queue demo jobs: %w", err)
+			}
+		}
+	}
+	return true, nil
 }
 
 func demoName(org string) string {
