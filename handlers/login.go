@@ -3,6 +3,8 @@ package handlers
 import (
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"hermeshost/operator"
 	"hermeshost/templates"
@@ -21,6 +23,15 @@ func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
 	}
 	name, password, next := r.PostForm.Get("name"), r.PostForm.Get("password"), LocalPath(r.PostForm.Get("next"))
 	op, err := h.Operators.Authenticate(r.Context(), name, password, r.RemoteAddr)
+	var throttled *operator.ThrottledError
+	if errors.As(err, &throttled) {
+		h.Log.Warn("login throttled", "operator", name, "remote", r.RemoteAddr, "until", throttled.Until)
+		wait := max(time.Until(throttled.Until), time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second).Seconds())))
+		h.render(w, r, http.StatusTooManyRequests, templates.LoginPage(templates.LoginView{Name: name, Next: next,
+			Error: "Too many failed logins for this name. Try again after " + throttled.Until.UTC().Format("15:04 UTC") + "."}))
+		return
+	}
 	if errors.Is(err, operator.ErrBadLogin) {
 		h.Log.Info("login refused", "operator", name, "remote", r.RemoteAddr)
 		h.render(w, r, http.StatusUnauthorized, templates.LoginPage(templates.LoginView{Name: name, Next: next, Error: "Wrong name or password."}))

@@ -40,6 +40,9 @@ var (
 	// ErrBadLogin: the name or password is wrong, or the operator is disabled. Which one is
 	// never said.
 	ErrBadLogin = errors.New("wrong name or password")
+	// ErrThrottled: too many refused logins for the name lately; a *ThrottledError says
+	// until when.
+	ErrThrottled = errors.New("too many failed logins")
 )
 
 var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
@@ -330,12 +333,56 @@ func (s *Store) Events(ctx context.Context, name string, limit int) ([]Event, er
 	return evs, nil
 }
 
+// Login throttling: after MaxLoginFailures refused logins of a name within
+// LoginFailureWindow (since its last good login or password change), its logins are refused
+// unchecked until the oldest of them leaves the window. Names that are no operator's count
+// alike, so the throttle does not tell which names exist.
+const (
+	MaxLoginFailures   = 10
+	LoginFailureWindow = 15 * time.Minute
+)
+
+// ThrottledError is ErrThrottled with when the name may try again.
+type ThrottledError struct{ Until time.Time }
+
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("%v: try again after %s", ErrThrottled, e.Until.UTC().Format(time.TimeOnly+" UTC"))
+}
+
+func (e *ThrottledError) Unwrap() error { return ErrThrottled }
+
+// throttled reports until when name's logins are refused unchecked, or zero.
+func (s *Store) throttled(ctx context.Context, name string) (time.Time, error) {
+	var n int
+	var oldest *time.Time
+	err := s.pool.QueryRow(ctx, `
+SELECT count(*), min(at) FROM (
+    SELECT at FROM operator_events
+     WHERE operator = $1 AND kind = 'login_refused' AND at > now() - $2::interval
+       AND id > coalesce((SELECT max(id) FROM operator_events WHERE operator = $1 AND kind IN ('login', 'password')), 0)
+     ORDER BY id DESC LIMIT $3) recent`, name, LoginFailureWindow.String(), MaxLoginFailures).Scan(&n, &oldest)
+	if err != nil || n < MaxLoginFailures || oldest == nil {
+		return time.Time{}, err
+	}
+	return oldest.Add(LoginFailureWindow), nil
+}
+
 // Authenticate checks a login: the operator with their grants, or ErrBadLogin for a wrong
-// name, a wrong password or a disabled account alike, taking about as long for each. from
-// (an address, say) is recorded with the event.
+// name, a wrong password or a disabled account alike, taking about as long for each; a
+// *ThrottledError once the name has failed too often. from (an address, say) is recorded
+// with the event.
 func (s *Store) Authenticate(ctx context.Context, name, password, from string) (Operator, error) {
 	if from == "" {
 		from = "unknown"
+	}
+	if CheckName(name) == nil {
+		until, err := s.throttled(ctx, name)
+		if err != nil {
+			return Operator{}, fmt.Errorf("log in %s: %w", name, err)
+		}
+		if !until.IsZero() {
+			return Operator{}, &ThrottledError{Until: until}
+		}
 	}
 	var hash string
 	var disabled bool
@@ -360,7 +407,7 @@ func (s *Store) Authenticate(ctx context.Context, name, password, from string) (
 	}
 	match := bcrypt.CompareHashAndPassword(stored, pw) == nil && known && len(password) <= MaxPasswordLen
 	if !known || !match || disabled {
-		if known {
+		if CheckName(name) == nil {
 			if err := s.event(ctx, s.pool, name, "login_refused", "", from); err != nil {
 				return Operator{}, fmt.Errorf("log in %s: %w", name, err)
 			}

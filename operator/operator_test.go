@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
@@ -190,7 +191,7 @@ func TestGrantsDecideWhichOrgsAnOperatorMayOpen(t *testing.T) {
 	if err := s.Remove(ctx, "ada", "root"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second remove: %v", err)
 	}
-	if got := kinds(t, s, "ada"); got[len(got)-1] != "remove" {
+	if got := kinds(t, s, "ada"); !slices.Equal(got[len(got)-2:], []string{"remove", "login_refused"}) {
 		t.Fatalf("the history did not survive the removal: %v", got)
 	}
 	ops, err := s.List(ctx)
@@ -231,5 +232,44 @@ func TestBadOperatorInputIsRefusedAndWritesNothing(t *testing.T) {
 	}
 	if _, err := New(pool, 3); err == nil {
 		t.Fatal("a bcrypt cost below the minimum was accepted")
+	}
+}
+
+func TestTooManyFailedLoginsThrottleTheNameAlikeForUnknownNames(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	if err := s.Add(ctx, "ada", good, "root"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ada", "nobody"} {
+		for i := range MaxLoginFailures {
+			if _, err := s.Authenticate(ctx, name, "wrong password here", "10.0.0.1"); !errors.Is(err, ErrBadLogin) {
+				t.Fatalf("%s failure %d: %v", name, i+1, err)
+			}
+		}
+		pw := good
+		if name == "nobody" {
+			pw = "anything at all here"
+		}
+		_, err := s.Authenticate(ctx, name, pw, "10.0.0.1")
+		var th *ThrottledError
+		if !errors.As(err, &th) || !errors.Is(err, ErrThrottled) || time.Until(th.Until) < LoginFailureWindow-time.Minute {
+			t.Fatalf("%s after %d failures: %v (an unknown name must be throttled alike)", name, MaxLoginFailures, err)
+		}
+	}
+	// The window passes: ada may log in, and the good login starts the count again.
+	if _, err := pool.Exec(ctx, `UPDATE operator_events SET at = at - interval '16 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1"); err != nil {
+		t.Fatalf("after the window: %v", err)
+	}
+	for range MaxLoginFailures - 1 {
+		if _, err := s.Authenticate(ctx, "ada", "wrong password here", "10.0.0.1"); !errors.Is(err, ErrBadLogin) {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1"); err != nil {
+		t.Fatalf("one failure short of the limit: %v", err)
 	}
 }

@@ -160,6 +160,13 @@ func TestAWrongLoginIsRefusedAlikeAndLeavesNoSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	login(e, "bob", password).Status(http.StatusUnauthorized)
+	// Ten failures for a name throttle it, the right password included, with Retry-After.
+	for range operator.MaxLoginFailures {
+		login(e, "carol", "not carol's password").Status(http.StatusUnauthorized)
+	}
+	r := login(e, "carol", "a long enough passphrase")
+	r.Status(http.StatusTooManyRequests).Body().Contains("Too many failed logins for this name")
+	r.Header("Retry-After").NotEmpty()
 	// A huge form is refused without a login attempt.
 	e.POST("/login").WithFormField("name", strings.Repeat("a", 20000)).WithFormField("password", "x").Expect().Status(http.StatusBadRequest)
 	e.GET("/").Expect().Status(http.StatusSeeOther)
