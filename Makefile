@@ -36,11 +36,12 @@ images: build
 
 ## generate: regenerate generated code (the templ components).
 generate:
+	$(GO) tool templ generate
 	$(GO) generate ./...
 
 ## lint: the templ components' generated code is current, gofmt, go vet and staticcheck.
 lint: $(HTMX)
-	@$(GO) tool templ generate -path templates >/dev/null 2>&1 || $(GO) tool templ generate -path templates
+	@$(GO) tool templ generate >/dev/null 2>&1 || $(GO) tool templ generate
 	@if ! git diff --quiet -- templates || [ -n "$$(git ls-files --others --exclude-standard -- templates)" ]; then \
 		echo "templates/*_templ.go are stale or not added: run make generate and commit them"; git status --short -- templates; exit 1; fi
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi

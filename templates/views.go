@@ -1,9 +1,8 @@
 // Package templates holds the templ components and pages of the operator UIs. Pages take
 // plain view structs, never database rows; the generated *_templ.go files are committed and
-// `make lint` fails when they are stale.
+// `make lint` fails when they are stale. `make generate` runs `go tool templ generate` from
+// the repository root, so the file names in the generated errors read templates/*.templ.
 package templates
-
-//go:generate go tool templ generate
 
 // LoginView is the login page: the name typed so far, why the last try failed, and where
 // to go after.
