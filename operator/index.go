@@ -28,9 +28,7 @@ func (s *Store) Index(ctx context.Context, name string) (entries []OrgEntry, oth
 		return nil, 0, err
 	}
 	rows, err := s.pool.Query(ctx, `
-WITH known AS (
-    SELECT org FROM mirror_jobs UNION SELECT org FROM subagents UNION SELECT org FROM operator_grants
-), mine AS (
+WITH mine AS (
     SELECT g.org FROM operator_grants g JOIN operators o ON o.name = g.operator
      WHERE g.operator = $1 AND o.disabled_at IS NULL
 )
@@ -40,8 +38,7 @@ SELECT m.org,
        count(j.job_id) FILTER (WHERE j.status = 'COMPLETED'),
        count(j.job_id) FILTER (WHERE j.status = 'FAILED'),
        (SELECT count(*) FROM subagents s WHERE s.org = m.org AND s.status IN ('running', 'cancelling')),
-       greatest(max(j.updated_at), (SELECT max(updated_at) FROM subagents s WHERE s.org = m.org)),
-       (SELECT count(*) FROM known WHERE org NOT IN (SELECT org FROM mine))
+       greatest(max(j.updated_at), (SELECT max(updated_at) FROM subagents s WHERE s.org = m.org))
   FROM mine m LEFT JOIN mirror_jobs j ON j.org = m.org
  GROUP BY m.org
  ORDER BY m.org`, name)
@@ -50,18 +47,17 @@ SELECT m.org,
 	}
 	entries, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OrgEntry, error) {
 		var e OrgEntry
-		err := row.Scan(&e.Org, &e.Queued, &e.Running, &e.Completed, &e.Failed, &e.LiveSubagents, &e.LastActivityAt, &others)
+		err := row.Scan(&e.Org, &e.Queued, &e.Running, &e.Completed, &e.Failed, &e.LiveSubagents, &e.LastActivityAt)
 		return e, err
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("index for %s: %w", name, err)
 	}
-	if len(entries) == 0 {
-		// No grants: the count of every known org comes on its own.
-		if err := s.pool.QueryRow(ctx, `
+	// Every org the host knows of, from its own records, less the ones listed.
+	if err := s.pool.QueryRow(ctx, `
 SELECT count(*) FROM (SELECT org FROM mirror_jobs UNION SELECT org FROM subagents UNION SELECT org FROM operator_grants) k`).Scan(&others); err != nil {
-			return nil, 0, fmt.Errorf("index for %s: %w", name, err)
-		}
+		return nil, 0, fmt.Errorf("index for %s: %w", name, err)
 	}
+	others -= len(entries)
 	return entries, others, nil
 }

@@ -436,7 +436,7 @@ SELECT h.status, h.pending, ins.id, ins.sent_at, (SELECT count(*) FROM n) FROM h
 // Messages is a child's mailbox, acknowledged messages included, oldest first (at most the
 // newest limit of them).
 func (s *Store) Messages(ctx context.Context, org, id string, limit int) ([]Message, error) {
-	if _, err := s.Get(ctx, org, id); err != nil {
+	if err := errors.Join(checkOrg(org), CheckID("subagent id", id)); err != nil {
 		return nil, err
 	}
 	if limit < 1 || limit > MaxPending {
@@ -452,6 +452,12 @@ SELECT id, sender, body, sent_at, deliveries, delivered_at, acked_at FROM (
 	ms, err := pgx.CollectRows(rows, scanMessage)
 	if err != nil {
 		return nil, fmt.Errorf("read mailbox of %s: %w", id, err)
+	}
+	if len(ms) == 0 {
+		// An empty mailbox, or no such child: only then is the handle looked up.
+		if _, err := s.Get(ctx, org, id); err != nil {
+			return nil, err
+		}
 	}
 	return ms, nil
 }

@@ -32,71 +32,14 @@ func operatorCommand() *cli.Command {
 	actorFlag := func(fs *flag.FlagSet) *string {
 		return fs.String("as", operatorName(), "who makes the change, recorded with it")
 	}
-	// password reads the new password from stdin (--password-stdin) or makes one and says
-	// it once.
-	password := func(fromStdin bool) (pw string, generated bool, err error) {
-		if !fromStdin {
-			return operator.GeneratePassword(), true, nil
-		}
-		pw, err = readSecretLine(os.Stdin, "password")
-		return pw, false, err
-	}
 	return &cli.Command{
 		Name:    "operator",
 		Summary: "operator accounts and their per-org grants (who may open which org's dashboard)",
 		Subcommands: []*cli.Command{
-			{
-				Name: "add", Summary: "add an operator; the password comes from stdin, or one is made and printed once", Args: "NAME", Env: env,
-				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
-					fromStdin := fs.Bool("password-stdin", false, "read the password from stdin (never pass it as an argument)")
-					actor := actorFlag(fs)
-					return func(ctx context.Context, args []string) error {
-						if len(args) != 1 {
-							return cli.Usagef("want exactly one operator NAME")
-						}
-						pw, generated, err := password(*fromStdin)
-						if err != nil {
-							return err
-						}
-						return withOperators(ctx, func(s *operator.Store) error {
-							if err := s.Add(ctx, args[0], pw, *actor); err != nil {
-								return err
-							}
-							fmt.Printf("added operator %s; grant orgs with: hermes-host operator grant %s ORG...\n", args[0], args[0])
-							if generated {
-								fmt.Printf("password (shown once): %s\n", pw)
-							}
-							return nil
-						})
-					}
-				},
-			},
-			{
-				Name: "passwd", Summary: "set an operator's password: from stdin, or a new one printed once", Args: "NAME", Env: env,
-				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
-					fromStdin := fs.Bool("password-stdin", false, "read the password from stdin (never pass it as an argument)")
-					actor := actorFlag(fs)
-					return func(ctx context.Context, args []string) error {
-						if len(args) != 1 {
-							return cli.Usagef("want exactly one operator NAME")
-						}
-						pw, generated, err := password(*fromStdin)
-						if err != nil {
-							return err
-						}
-						return withOperators(ctx, func(s *operator.Store) error {
-							if err := s.SetPassword(ctx, args[0], pw, *actor); err != nil {
-								return err
-							}
-							fmt.Printf("password of %s changed\n", args[0])
-							if generated {
-								fmt.Printf("password (shown once): %s\n", pw)
-							}
-							return nil
-						})
-					}
-				},
-			},
+			passwordCommand("add", "add an operator; the password comes from stdin, or one is made and printed once",
+				"added operator %[1]s; grant orgs with: hermes-host operator grant %[1]s ORG...\n", (*operator.Store).Add, env, actorFlag),
+			passwordCommand("passwd", "set an operator's password: from stdin, or a new one printed once",
+				"password of %s changed\n", (*operator.Store).SetPassword, env, actorFlag),
 			{
 				Name: "list", Summary: "list operators and their grants", Env: env,
 				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
@@ -221,6 +164,42 @@ func grantCommand(name, summary, done string, change func(*operator.Store, conte
 						}
 					}
 					fmt.Printf(done, args[0], strings.Join(args[1:], ", "))
+					return nil
+				})
+			}
+		},
+	}
+}
+
+// passwordCommand is add or passwd: apply NAME with a password from stdin
+// (--password-stdin) or one made and shown once, then done said.
+func passwordCommand(name, summary, done string, apply func(*operator.Store, context.Context, string, string, string) error,
+	env []config.Var, actorFlag func(*flag.FlagSet) *string) *cli.Command {
+	return &cli.Command{
+		Name: name, Summary: summary, Args: "NAME", Env: env,
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			fromStdin := fs.Bool("password-stdin", false, "read the password from stdin (never pass it as an argument)")
+			actor := actorFlag(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 1 {
+					return cli.Usagef("want exactly one operator NAME")
+				}
+				pw, generated := operator.GeneratePassword(), true
+				if *fromStdin {
+					var err error
+					if pw, err = readSecretLine(os.Stdin, "password"); err != nil {
+						return err
+					}
+					generated = false
+				}
+				return withOperators(ctx, func(s *operator.Store) error {
+					if err := apply(s, ctx, args[0], pw, *actor); err != nil {
+						return err
+					}
+					fmt.Printf(done, args[0])
+					if generated {
+						fmt.Printf("password (shown once): %s\n", pw)
+					}
 					return nil
 				})
 			}
