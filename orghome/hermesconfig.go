@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +19,34 @@ const configFile = "config.yaml"
 
 // configReadLimit bounds the read of config.yaml; Hermes' own is a few kilobytes.
 const configReadLimit = 1 << 20
+
+// ConfigError is a config.yaml the host cannot read as Hermes settings. The host writes
+// nothing over such a file: the settings in it are a person's, and only they can mend it.
+type ConfigError struct {
+	File string // the file's path
+	Line int    // 1-based; 0 when the parser named none
+	Msg  string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s line %d: %s (Hermes settings the host cannot read; nothing was written over them)", e.File, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s (Hermes settings the host cannot read; nothing was written over them)", e.File, e.Msg)
+}
+
+// yamlLine is how go-yaml names the line of a syntax error: "yaml: line 3: ...".
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
+
+func newConfigError(file string, err error) *ConfigError {
+	msg := err.Error()
+	e := &ConfigError{File: file, Msg: "not valid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Msg = "not valid YAML: " + msg[len(m[0]):]
+	}
+	return e
+}
 
 // hermesConfig is config.yaml as a YAML node tree, so a change to one key writes every
 // other key, comment and ordering back as it was.
@@ -41,13 +71,13 @@ func (h *Home) readConfig() (*hermesConfig, error) {
 	}
 	c := &hermesConfig{exists: true, raw: raw, doc: &yaml.Node{}}
 	if err := yaml.Unmarshal(raw, c.doc); err != nil {
-		return nil, fmt.Errorf("read Hermes config of org %s: config.yaml is not valid YAML: %w", h.ID, err)
+		return nil, newConfigError(filepath.Join(h.Dir, configFile), err)
 	}
 	if c.doc.Kind == 0 { // an empty file
 		c.doc = &yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
 	}
 	if c.doc.Kind != yaml.DocumentNode || len(c.doc.Content) != 1 || c.doc.Content[0].Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("read Hermes config of org %s: config.yaml is not a mapping of settings", h.ID)
+		return nil, &ConfigError{File: filepath.Join(h.Dir, configFile), Line: 1, Msg: "not a mapping of settings"}
 	}
 	return c, nil
 }
