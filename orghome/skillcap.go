@@ -40,7 +40,7 @@ type SkillUse struct {
 // Only a skill neither records falls back to its SKILL.md modification time, so a skill
 // just written is not the first to go.
 func (h *Home) SkillUsage(ctx context.Context, bundled *Bundled) ([]SkillUse, error) {
-	skills, _, err := h.homeSkills()
+	skills, _, _, err := h.homeSkills()
 	if err != nil {
 		return nil, err
 	}

@@ -37,8 +37,8 @@ type Skill struct {
 	Description string
 	Version     string
 	Metadata    map[string]any
-	Category    string // the folder above the skill's own; empty for skills/<name>/SKILL.md
-	Dir         string // folder of the skill, relative to its skills root, e.g. "research/arxiv"
+	Category    string // the folders above the skill's own (see skillCategory), e.g. "mlops/inference"; empty for skills/<name>/
+	Dir         string // folder of the skill, relative to its skills root, e.g. "mlops/inference/vllm"
 	Chars       int
 	ModTime     time.Time // of SKILL.md
 	Source      string    // SkillAuthored, SkillHub, SkillSeeded or SkillBundled
@@ -54,7 +54,9 @@ const (
 	SkillBundled  = "bundled"  // the image's, read-only, shared by every org
 )
 
-// BrokenSkill is a SKILL.md that Hermes would not load as written, and why.
+// BrokenSkill is a SKILL.md that Hermes would not load as written, or a folder of the tree
+// the host could not or would not read (a link out of the home, a loop, past the walk's
+// bounds, a folder of files with no SKILL.md), and why.
 type BrokenSkill struct {
 	Dir     string
 	Bundled bool
@@ -71,6 +73,7 @@ type DuplicateSkill struct {
 // SkillSet is every skill of a home, authored and bundled, plus what is wrong with them.
 type SkillSet struct {
 	Skills     []Skill
+	Categories []Category // of the home and the bundled tree, one per Dir, sorted
 	Broken     []BrokenSkill
 	Duplicates []DuplicateSkill
 }
@@ -78,9 +81,10 @@ type SkillSet struct {
 // Bundled is the image's bundled skills, read once per process: they are the same for
 // every org and never copied into a home.
 type Bundled struct {
-	Dir    string
-	Skills []Skill
-	Broken []BrokenSkill
+	Dir        string
+	Skills     []Skill
+	Categories []Category
+	Broken     []BrokenSkill
 }
 
 // ReadBundled reads the bundled skills under dir (HERMES_BUNDLED_SKILLS). A missing folder
@@ -97,7 +101,7 @@ func ReadBundled(dir string) (*Bundled, error) {
 	defer root.Close()
 	// The image's folder is read with the same os.Root guard as a home.
 	tree := &Home{ID: "bundled", Dir: dir, root: root}
-	b.Skills, b.Broken, err = readSkillTree(tree, ".")
+	b.Skills, b.Broken, b.Categories, err = readSkillTree(tree, ".")
 	if err != nil {
 		return nil, fmt.Errorf("read bundled skills in %s: %w", dir, err)
 	}
@@ -125,7 +129,7 @@ func (b *Bundled) names() map[string]bool {
 // ones config.yaml disables and reporting broken skills and duplicate names.
 func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 	var set SkillSet
-	authored, broken, err := h.homeSkills()
+	authored, broken, categories, err := h.homeSkills()
 	if err != nil {
 		return SkillSet{}, err
 	}
@@ -139,7 +143,9 @@ func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 	if bundled != nil {
 		all = append(append([]Skill(nil), authored...), bundled.Skills...)
 		set.Broken = append(set.Broken, bundled.Broken...)
+		categories = append(append([]Category(nil), categories...), bundled.Categories...)
 	}
+	set.Categories = mergeCategories(categories)
 	byName := map[string][]string{}
 	for i := range all {
 		all[i].Disabled = disabled[all[i].Name]
@@ -167,17 +173,36 @@ func (h *Home) Skills(bundled *Bundled) (SkillSet, error) {
 	return set, nil
 }
 
+// mergeCategories keeps one category per folder, the home's first: where both trees have
+// one, Hermes takes the home's description and falls back to the external tree's.
+func mergeCategories(all []Category) []Category {
+	byDir := map[string]int{}
+	var out []Category
+	for _, c := range all {
+		if i, ok := byDir[c.Dir]; ok {
+			if out[i].Description == "" {
+				out[i].Description = c.Description
+			}
+			continue
+		}
+		byDir[c.Dir] = len(out)
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dir < out[j].Dir })
+	return out
+}
+
 // homeSkills reads the home's skills/ folder, marking what Hermes marks as not the home's
 // own: skills seeded from a bundle and skills installed from the Skills Hub.
-func (h *Home) homeSkills() ([]Skill, []BrokenSkill, error) {
+func (h *Home) homeSkills() ([]Skill, []BrokenSkill, []Category, error) {
 	if _, err := h.Stat(skillsDir); errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	} else if err != nil {
-		return nil, nil, fmt.Errorf("read skills: %w", err)
+		return nil, nil, nil, fmt.Errorf("read skills: %w", err)
 	}
-	skills, broken, err := readSkillTree(h, skillsDir)
+	skills, broken, categories, err := readSkillTree(h, skillsDir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read skills of org %s: %w", h.ID, err)
+		return nil, nil, nil, fmt.Errorf("read skills of org %s: %w", h.ID, err)
 	}
 	upstream := h.upstreamSkills()
 	for i := range skills {
@@ -186,7 +211,7 @@ func (h *Home) homeSkills() ([]Skill, []BrokenSkill, error) {
 			skills[i].Source = src
 		}
 	}
-	return skills, broken, nil
+	return skills, broken, categories, nil
 }
 
 // upstreamSkills is Hermes' provenance rule (tools/skill_usage.py): a skill named in
@@ -215,8 +240,11 @@ func (h *Home) upstreamSkills() map[string]string {
 	return out
 }
 
-// skipSkillDir says whether a folder is never a skill or category: Hermes' own hidden
-// folders (.hub, .archive, ...) and the org-mirror folder, dependency and cache folders.
+// skipSkillDir says whether a folder is never walked for skills. Hermes prunes the names in
+// EXCLUDED_SKILL_DIRS (agent/skill_utils.py: .git, .github, .hub, .archive, .venv, venv,
+// node_modules, site-packages, __pycache__, .tox, .nox and the tool caches); every one of them
+// is covered here. This reader skips more: every hidden folder, and every "_" folder, of which
+// _org/ is Hermes' token-gated org mirror, shared and not the org's own.
 func skipSkillDir(name string) bool {
 	if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
 		return true
@@ -228,50 +256,211 @@ func skipSkillDir(name string) bool {
 	return false
 }
 
-// readSkillTree reads <base>/<name>/SKILL.md and <base>/<category>/<name>/SKILL.md.
-func readSkillTree(t *Home, base string) ([]Skill, []BrokenSkill, error) {
-	top, err := t.ReadDir(base)
-	if err != nil {
-		return nil, nil, err
+// skillSupportDirs are a skill's progressive-disclosure folders. Hermes does not walk them
+// when they sit directly in a folder holding SKILL.md (SKILL_SUPPORT_DIRS in
+// agent/skill_utils.py): a SKILL.md kept in references/ is data, not a skill. The same names
+// elsewhere (skills/scripts/foo) are ordinary folders.
+var skillSupportDirs = map[string]bool{"references": true, "templates": true, "assets": true, "scripts": true}
+
+// Bounds of one walk. Hermes has none, but a home is the agent's to write, and a link that
+// loops or a million folders must not keep the host walking. Hermes' own deepest skills are
+// three folders down (mlops/inference/vllm).
+const (
+	maxSkillTreeDepth   = 10     // folders below the skills root
+	maxSkillTreeEntries = 10_000 // directory entries listed in one tree
+	maxDescriptionBytes = 64 << 10
+)
+
+// Category is a folder that groups skills: it has no SKILL.md of its own, and holds a
+// DESCRIPTION.md or skills below it (Hermes' skills index lists it with that description).
+type Category struct {
+	Dir         string // relative to its skills root, e.g. "mlops/inference"; what Skill.Category holds
+	Description string // from DESCRIPTION.md's frontmatter; empty without one
+}
+
+// skillCategory is Hermes' category of the skill at dir: the folders between the skills root
+// and the skill's own, so mlops/inference/vllm is in "mlops/inference". This is the rule of
+// its system-prompt skills index (agent/prompt_builder.py, _build_snapshot_entry), whose
+// categories are the keys DESCRIPTION.md files are read under; its skills_list tool reports
+// only the first folder ("mlops"). A skill directly under the root has no category here (the
+// index files it under its own name, skills_list under none).
+func skillCategory(dir string) string {
+	if i := strings.LastIndexByte(dir, '/'); i >= 0 {
+		return dir[:i]
 	}
-	var (
-		skills []Skill
-		broken []BrokenSkill
-	)
-	visit := func(rel, category string) bool {
-		sk, problem, found := readSkill(t, base, rel, category)
+	return ""
+}
+
+// readSkillTree finds every SKILL.md below base at any depth, as Hermes does
+// (iter_skill_index_files in agent/skill_utils.py walks the whole tree, following links),
+// and reports the categories found and the folders that look like skills but are not.
+func readSkillTree(t *Home, base string) ([]Skill, []BrokenSkill, []Category, error) {
+	return walkSkillTree(t, base, maxSkillTreeEntries)
+}
+
+// walkSkillTree is readSkillTree listing at most limit directory entries.
+func walkSkillTree(t *Home, base string, limit int) ([]Skill, []BrokenSkill, []Category, error) {
+	rootInfo, err := t.Stat(base)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	list, err := t.ReadDir(base)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w := &skillWalk{t: t, base: base, limit: limit}
+	w.folder(".", list, 0, false, []fs.FileInfo{rootInfo})
+	sort.Slice(w.categories, func(i, j int) bool { return w.categories[i].Dir < w.categories[j].Dir })
+	return w.skills, w.broken, w.categories, nil
+}
+
+// skillWalk is the state of one readSkillTree.
+type skillWalk struct {
+	t          *Home
+	base       string
+	limit      int // of entries listed
+	entries    int
+	stopped    bool
+	skills     []Skill
+	broken     []BrokenSkill
+	categories []Category
+}
+
+// folder reads one listed folder (rel to the root, "." for the root itself) and the folders
+// below it; inSkill is whether a folder above holds SKILL.md, and above are the folders on
+// the way down, to catch links that loop. It says whether the folder or one below holds a
+// skill.
+func (w *skillWalk) folder(rel string, list []fs.DirEntry, depth int, inSkill bool, above []fs.FileInfo) bool {
+	if w.stopped {
+		return false
+	}
+	w.entries += len(list)
+	if w.entries > w.limit {
+		w.stopped = true
+		w.broken = append(w.broken, BrokenSkill{Dir: rel, Reason: fmt.Sprintf(
+			"the skills tree has over %d entries: the walk stopped here, and what is below or after was not read", w.limit)})
+		return false
+	}
+	var hasSkillMD, hasDescription, hasFiles bool
+	for _, e := range list {
+		switch {
+		case e.IsDir():
+		case e.Name() == "SKILL.md":
+			hasSkillMD = true
+		case e.Name() == "DESCRIPTION.md":
+			hasDescription = true
+		case e.Type().IsRegular() && !strings.HasPrefix(e.Name(), "."):
+			hasFiles = true // links are not counted: each is reported or walked on its own
+		}
+	}
+	// The root's own SKILL.md or DESCRIPTION.md would name no skill or category.
+	isSkill := rel != "." && hasSkillMD
+	if isSkill {
+		sk, problem, found := readSkill(w.t, w.base, rel, skillCategory(rel))
 		switch {
 		case !found:
-			return false
+			isSkill = false // gone since it was listed
 		case problem != "":
-			broken = append(broken, BrokenSkill{Dir: rel, Reason: problem})
+			w.broken = append(w.broken, BrokenSkill{Dir: rel, Reason: problem})
 		default:
-			skills = append(skills, sk)
+			w.skills = append(w.skills, sk)
 		}
-		return true
 	}
-	for _, e := range top {
-		if skipSkillDir(e.Name()) || (!e.IsDir() && e.Type()&fs.ModeSymlink == 0) {
+	below := false
+	for _, e := range list {
+		name := e.Name()
+		if skipSkillDir(name) || (isSkill && skillSupportDirs[name]) {
 			continue
 		}
-		if visit(e.Name(), "") {
+		child := path.Join(rel, name)
+		full := path.Join(w.base, child)
+		fi, isDir, problem := w.kind(e, full)
+		if problem != "" {
+			w.broken = append(w.broken, BrokenSkill{Dir: child, Reason: problem})
 			continue
 		}
-		inner, err := t.ReadDir(path.Join(base, e.Name()))
+		if !isDir {
+			continue
+		}
+		if depth+1 > maxSkillTreeDepth {
+			w.broken = append(w.broken, BrokenSkill{Dir: child, Reason: fmt.Sprintf("more than %d folders deep; not read", maxSkillTreeDepth)})
+			continue
+		}
+		if loops(fi, above) {
+			w.broken = append(w.broken, BrokenSkill{Dir: child, Reason: "links back to a folder above it (a loop); not read"})
+			continue
+		}
+		inner, err := w.t.ReadDir(full)
 		if err != nil {
-			broken = append(broken, BrokenSkill{Dir: e.Name(), Reason: describeReadError(err)})
+			w.broken = append(w.broken, BrokenSkill{Dir: child, Reason: describeReadError(err)})
 			continue
 		}
-		for _, s := range inner {
-			if skipSkillDir(s.Name()) || (!s.IsDir() && s.Type()&fs.ModeSymlink == 0) {
-				continue
-			}
-			if !visit(e.Name()+"/"+s.Name(), e.Name()) {
-				broken = append(broken, BrokenSkill{Dir: e.Name() + "/" + s.Name(), Reason: "no SKILL.md"})
-			}
+		if w.folder(child, inner, depth+1, inSkill || isSkill, append(above[:len(above):len(above)], fi)) {
+			below = true
+		}
+		if w.stopped {
+			break
 		}
 	}
-	return skills, broken, nil
+	switch {
+	case rel == "." || isSkill:
+	case hasDescription || below:
+		w.categories = append(w.categories, Category{Dir: rel, Description: w.categoryDescription(rel)})
+	case hasFiles && !inSkill && !w.stopped:
+		// Hermes skips such a folder without a word. Files, but no SKILL.md, no DESCRIPTION.md
+		// and no skill below, outside any skill: a skill whose SKILL.md is missing or misnamed,
+		// which the operator should hear of. Empty folders and a skill's own subfolders are not.
+		w.broken = append(w.broken, BrokenSkill{Dir: rel, Reason: "no SKILL.md"})
+	}
+	return isSkill || below
+}
+
+// kind says whether an entry is a folder to walk. A symlink is followed through the home's
+// os.Root, as Hermes follows links; one that leaves the home is reported and not read, and a
+// dangling one is a file to Hermes' walk.
+func (w *skillWalk) kind(e fs.DirEntry, full string) (fs.FileInfo, bool, string) {
+	if e.Type()&fs.ModeSymlink == 0 {
+		if !e.IsDir() {
+			return nil, false, ""
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil, false, describeReadError(err)
+		}
+		return fi, true, ""
+	}
+	fi, err := w.t.Stat(full)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, false, ""
+	case err != nil:
+		return nil, false, describeReadError(err)
+	}
+	return fi, fi.IsDir(), ""
+}
+
+func loops(fi fs.FileInfo, above []fs.FileInfo) bool {
+	for _, a := range above {
+		if os.SameFile(fi, a) {
+			return true
+		}
+	}
+	return false
+}
+
+// categoryDescription is the description of DESCRIPTION.md's frontmatter, as Hermes reads it
+// (_read_category_descriptions in agent/prompt_builder.py); a missing or unreadable file is
+// none, as it is for Hermes.
+func (w *skillWalk) categoryDescription(rel string) string {
+	raw, _, _, err := w.t.readLimited(path.Join(w.base, rel, "DESCRIPTION.md"), maxDescriptionBytes)
+	if err != nil {
+		return ""
+	}
+	fm, problem := parseFrontmatter(raw)
+	if problem != "" {
+		return ""
+	}
+	return strings.Trim(strings.TrimSpace(fm.Description), `'"`)
 }
 
 func describeReadError(err error) string {
