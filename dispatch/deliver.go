@@ -309,6 +309,14 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 		switch ev.Event {
 		case "agent_start":
 			d.metrics.claimToAgent.Observe(time.Since(claimed).Seconds())
+		case "skills_cap":
+			var capped struct {
+				Disabled []string `json:"disabled"`
+			}
+			if json.Unmarshal(ev.Data, &capped) == nil {
+				d.metrics.skillsDisabled.Add(float64(len(capped.Disabled)))
+				d.cfg.Log.Info("skills cap disabled skills", "org", c.OrganizationID, "job", c.Job.ID, "disabled", capped.Disabled)
+			}
 		case "outcome":
 			_ = json.Unmarshal(ev.Data, &outcome)
 		}

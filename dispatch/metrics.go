@@ -11,6 +11,7 @@ type metrics struct {
 	owned           prometheus.Gauge
 	attemptMismatch prometheus.Counter
 	claimToAgent    prometheus.Histogram
+	skillsDisabled  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -31,9 +32,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Recoveries where claim_attempts disagreed with the backend's job log."}),
 		claimToAgent: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hermes_dispatch_claim_to_agent_seconds",
 			Help: "From a claim to its agent's start.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		skillsDisabled: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_skills_disabled_total",
+			Help: "Authored skills the cap (SKILLS_MAX_AUTHORED) disabled before an agent start, never deleted."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent)
+		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled)
 	}
 	return m
 }

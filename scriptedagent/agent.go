@@ -1,13 +1,27 @@
 // Package scriptedagent is a stand-in for the Hermes CLI in tests and local runs: the real
-// agent cannot be installed on these machines. It plays the headless contract the host uses,
+// agent cannot be installed on these machines. It is a model of the real CLI's headless
+// contract as ../shared/HERMES.md records it, not a convenience, and where the two differ
+// HERMES.md is right:
 //
-//	hermes chat -q PROMPT --quiet --source tool --max-turns N [--resume ID]
+//	hermes chat -q PROMPT -Q --source tool --max-turns N [--resume ID]
 //
-// against the job workspace it runs in (manifest.json, checkpoint.json): it writes
-// Hermes-shaped sessions and messages rows into $HERMES_HOME/state.db, asks the gateway's
-// model for each piece of work, shell-calls `sartiq` for the capability's write surface one
-// category (or batch of products) at a time, and prints a final answer whose last JSON
-// object says what it persisted.
+//   - its model endpoint comes from $HERMES_HOME/config.yaml only (model.provider, and the
+//     providers block's base_url and key_env); OPENAI_BASE_URL and HERMES_MODEL are not read,
+//     and a home without a provider fails the run as the real CLI does offline;
+//   - it probes the endpoint at start-up and streams every completion (stream: true);
+//   - it stores sessions and messages in $HERMES_HOME/state.db in the shape of the pinned
+//     release (schema 22): the session stays open after the run, its title NULL, no system
+//     message row (the prompt is on the session), ids like 20261203_141812_7c2bfe; a
+//     failed run leaves the user message and no assistant row;
+//   - at --max-turns it prints the real CLI's line, asks the model for a summary, prints it
+//     and exits 0; the session id goes to stderr as "session_id: <id>";
+//   - subagent hooks fire only when the host's plugin is installed and enabled, and speak to
+//     the hook socket exactly as the plugin does (see subagent.go).
+//
+// The work it does is scripted against the job workspace it runs in (manifest.json,
+// checkpoint.json): it asks the gateway's model for each piece of work, shell-calls
+// `sartiq` (found on PATH) for the capability's write surface one category (or product) at
+// a time, and prints a final answer whose last JSON object says what it persisted.
 //
 // Fault knobs come from $HERMES_HOME/scripted-agent.json, a file a test writes into the
 // org's home (so they reach the agent through the dispatcher and a container alike):
@@ -36,17 +50,9 @@ import (
 	"hermeshost/orghome/hermesstate"
 )
 
-// The environment the host gives the agent: where its home is and how it reaches the model.
-const (
-	EnvHome    = "HERMES_HOME"
-	EnvBaseURL = "OPENAI_BASE_URL" // the gateway's /v1
-	EnvAPIKey  = "OPENAI_API_KEY"  // the org's gateway key
-	EnvModel   = "HERMES_MODEL"
-	EnvSartiq  = "SARTIQ_BIN" // the sartiq command; default "sartiq" on PATH
-	// EnvHooks is the worker's subagent hook socket (see worker.HookProxy), when it serves
-	// one.
-	EnvHooks = "HERMES_HOST_HOOKS_SOCKET"
-)
+// EnvHome is where the agent's home is; the only variable the stand-in reads besides the
+// key variable config.yaml names and the plugin's socket.
+const EnvHome = "HERMES_HOME"
 
 // KnobsFile is read from the home; absent means no faults.
 const KnobsFile = "scripted-agent.json"
@@ -61,19 +67,13 @@ type Knobs struct {
 	CrashAtWrite int `json:"crash_at_write,omitempty"`
 	// ClaimExtra names categories the final answer claims although nothing wrote them.
 	ClaimExtra []string `json:"claim_extra,omitempty"`
-	// Subagent has the agent run one child through the worker's hooks before its work.
+	// SummaryJSON makes the summary at the turn limit hold a JSON object (the categories so
+	// far), as a real model's summary may: the host must go by the turn-limit line.
+	SummaryJSON bool `json:"summary_json,omitempty"`
+	// Subagent has the agent delegate one child before its work.
 	Subagent *SubagentKnob `json:"subagent,omitempty"`
 }
 
-// SubagentKnob is the child the agent runs: started with the start hook, it drains its
-// mailbox until a message arrives (acknowledging it and quoting it in its summary), a cancel
-// says stop, or WaitMS passes; then the stop hook ends it. WaitMS 0 drains once.
-type SubagentKnob struct {
-	ID     string `json:"id"`
-	Goal   string `json:"goal"`
-	Role   string `json:"role,omitempty"`
-	WaitMS int    `json:"wait_ms,omitempty"`
-}
 
 // Manifest is the part of the job manifest the agent reads.
 type Manifest struct {
@@ -101,24 +101,31 @@ const (
 	ExitCrashed = 70
 )
 
+// TurnLimitNotice is the user message the real CLI stores when it asks for the summary.
+const TurnLimitNotice = "You've reached the maximum number of tool-calling iterations allowed. " +
+	"Please provide a final response summarizing what you've found and accomplished so far, without calling any more tools."
+
 type run struct {
-	ctx       context.Context
-	stdout    io.Writer
-	stderr    io.Writer
-	home      string
-	prompt    string
-	maxTurns  int
-	resume    string
-	turns     int
-	writes    int
-	knobs     Knobs
-	db        *sql.DB
-	session   string
-	baseURL   string
-	apiKey    string
-	model     string
-	sartiqBin string
+	ctx          context.Context
+	stdout       io.Writer
+	stderr       io.Writer
+	home         string
+	prompt       string
+	maxTurns     int
+	resume       string
+	flagModel    string
+	flagProvider string
+	turns        int
+	writes       int
+	knobs        Knobs
+	settings     settings
+	ep           endpoint
+	db           *sql.DB
+	session      string
+	systemPrompt string
 }
+
+const usageLine = "usage: chat -q PROMPT [-Q] --source tool --max-turns N [--resume ID] [-m MODEL] [--provider NAME]"
 
 // Main runs the agent with args (without the program name) and returns its exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -136,37 +143,43 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func (r *run) parse(args []string) error {
 	if len(args) == 0 || args[0] != "chat" {
-		return errors.New("usage: chat -q PROMPT --quiet --source tool --max-turns N [--resume ID]")
+		return errors.New(usageLine)
 	}
 	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&r.prompt, "q", "", "the prompt")
-	fs.Bool("quiet", false, "headless output")
+	fs.Bool("Q", false, "quiet: only the final answer on stdout")
+	fs.Bool("quiet", false, "quiet: only the final answer on stdout")
 	source := fs.String("source", "", "session source")
 	fs.IntVar(&r.maxTurns, "max-turns", 0, "turn limit")
 	fs.StringVar(&r.resume, "resume", "", "session to resume")
+	fs.StringVar(&r.flagModel, "m", "", "model")
+	fs.StringVar(&r.flagProvider, "provider", "", "provider")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	if r.prompt == "" || *source != "tool" || r.maxTurns < 1 || fs.NArg() > 0 {
-		return errors.New("usage: chat -q PROMPT --quiet --source tool --max-turns N [--resume ID]")
+		return errors.New(usageLine)
 	}
 	r.home = os.Getenv(EnvHome)
-	r.baseURL = strings.TrimRight(os.Getenv(EnvBaseURL), "/")
-	r.apiKey = os.Getenv(EnvAPIKey)
-	r.model = os.Getenv(EnvModel)
-	r.sartiqBin = os.Getenv(EnvSartiq)
-	if r.sartiqBin == "" {
-		r.sartiqBin = "sartiq"
-	}
-	if r.home == "" || r.baseURL == "" || r.model == "" {
-		return fmt.Errorf("%s, %s and %s must be set", EnvHome, EnvBaseURL, EnvModel)
+	if r.home == "" {
+		return fmt.Errorf("%s must be set", EnvHome)
 	}
 	return nil
 }
 
 func (r *run) main() (int, error) {
 	if err := r.loadKnobs(); err != nil {
+		return ExitFailed, err
+	}
+	var err error
+	if r.settings, err = readSettings(r.home); err != nil {
+		return ExitFailed, err
+	}
+	if r.ep, err = r.settings.endpoint(r.flagModel, r.flagProvider); err != nil {
+		return ExitFailed, err
+	}
+	if err := r.probe(); err != nil {
 		return ExitFailed, err
 	}
 	var m Manifest
@@ -177,22 +190,26 @@ func (r *run) main() (int, error) {
 	if err := readJSON("checkpoint.json", &done); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return ExitFailed, err
 	}
+	if r.systemPrompt, err = systemPrompt(r.home); err != nil {
+		return ExitFailed, err
+	}
 	db, err := hermesstate.Create(r.ctx, filepath.Join(r.home, "state.db"))
 	if err != nil {
 		return ExitFailed, err
 	}
 	defer db.Close()
 	r.db = db
-	if err := r.openSession(m); err != nil {
+	if err := r.openSession(); err != nil {
 		return ExitFailed, err
 	}
+	// The id is printed however the run ends, as the real CLI does once it has a session.
+	defer fmt.Fprintf(r.stderr, "session_id: %s\n", r.session)
 	if err := r.message("user", r.prompt, nil, "", ""); err != nil {
 		return ExitFailed, err
 	}
 
 	if r.knobs.Subagent != nil {
 		if err := r.child(*r.knobs.Subagent); err != nil {
-			_ = r.endSession("error")
 			return ExitFailed, err
 		}
 	}
@@ -207,12 +224,10 @@ func (r *run) main() (int, error) {
 		err = fmt.Errorf("no script for job type %q", m.Type)
 	}
 	if err != nil {
-		_ = r.endSession("error")
 		return ExitFailed, err
 	}
 	if stopped {
-		fmt.Fprintf(r.stdout, "Stopped: reached the turn limit (%d turns) before finishing.\n", r.maxTurns)
-		return ExitOK, r.endSession("max_turns")
+		return r.summarize(final)
 	}
 	answer, _ := json.Marshal(final)
 	text := "Done. Everything is proposed for review.\n" + string(answer)
@@ -220,7 +235,44 @@ func (r *run) main() (int, error) {
 		return ExitFailed, err
 	}
 	fmt.Fprintln(r.stdout, text)
-	return ExitOK, r.endSession("completed")
+	return ExitOK, nil
+}
+
+// summarize is the real CLI at its turn limit: the line, one more request without tools
+// whose last message is a stored user message, the model's summary printed, exit 0.
+func (r *run) summarize(sofar map[string]any) (int, error) {
+	fmt.Fprintf(r.stdout, "⚠️  Reached maximum iterations (%d). Requesting summary...\n", r.maxTurns)
+	summary, err := r.ask(TurnLimitNotice)
+	if err != nil {
+		return ExitFailed, err
+	}
+	if r.knobs.SummaryJSON {
+		b, _ := json.Marshal(sofar)
+		summary += "\n" + string(b)
+		if _, err := r.db.ExecContext(r.ctx, `UPDATE messages SET content = ? WHERE id = (SELECT max(id) FROM messages WHERE session_id = ?)`,
+			summary, r.session); err != nil {
+			return ExitFailed, err
+		}
+	}
+	fmt.Fprintln(r.stdout, summary)
+	return ExitOK, nil
+}
+
+// systemPrompt is what Hermes builds its prompt from and stores on the session: the
+// identity, the memory and the skills of the home.
+func systemPrompt(home string) (string, error) {
+	var b strings.Builder
+	soul, err := os.ReadFile(filepath.Join(home, "SOUL.md"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("read SOUL.md: %w", err)
+	}
+	b.Write(soul)
+	for _, f := range []string{"memories/MEMORY.md", "memories/USER.md"} {
+		if mem, err := os.ReadFile(filepath.Join(home, f)); err == nil {
+			fmt.Fprintf(&b, "\n\n# %s\n%s", f, mem)
+		}
+	}
+	return b.String(), nil
 }
 
 func (r *run) loadKnobs() error {
@@ -285,7 +337,7 @@ func (r *run) guidelines(m Manifest, done Checkpoint) (map[string]any, bool, err
 		}
 		stop, err := r.beforeWrite()
 		if err != nil || stop {
-			return nil, stop, err
+			return map[string]any{"categories": persisted}, stop, err
 		}
 		content, err := r.ask(fmt.Sprintf("Write the %s guidelines of organization %s from these sources:\n%s", cat, m.OrganizationID, source))
 		if err != nil {
@@ -338,7 +390,7 @@ func (r *run) products(m Manifest) (map[string]any, bool, error) {
 	for _, p := range proposals {
 		stop, err := r.beforeWrite()
 		if err != nil || stop {
-			return nil, stop, err
+			return map[string]any{"proposed": skus}, stop, err
 		}
 		desc, err := r.ask("Describe the product " + p.Name + " for a catalogue, in one sentence.")
 		if err != nil {
@@ -355,50 +407,68 @@ func (r *run) products(m Manifest) (map[string]any, bool, error) {
 	return map[string]any{"proposed": skus}, false, nil
 }
 
+// newID is a session id in the real CLI's shape: 20261203_141812_7c2bfe.
 func newID() string {
-	var b [8]byte
+	var b [3]byte
 	_, _ = rand.Read(b[:])
 	return time.Now().UTC().Format("20060102_150405") + "_" + hex.EncodeToString(b[:])
 }
 
 func now() float64 { return float64(time.Now().UnixMicro()) / 1e6 }
 
-func (r *run) openSession(m Manifest) error {
+// openSession starts a fresh session, or reopens the one to resume: --resume appends to the
+// same row, whose counters go on from where they were. A session is never ended by a run.
+func (r *run) openSession() error {
 	if r.resume != "" {
 		var n int
-		if err := r.db.QueryRowContext(r.ctx, `SELECT count(*) FROM sessions WHERE id = ?`, r.resume).Scan(&n); err != nil {
+		if err := r.db.QueryRowContext(r.ctx, `SELECT message_count FROM sessions WHERE id = ?`, r.resume).Scan(&n); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("resume %s: no such session", r.resume)
+			}
 			return fmt.Errorf("resume %s: %w", r.resume, err)
 		}
-		if n == 0 {
-			return fmt.Errorf("resume %s: no such session", r.resume)
-		}
 		r.session = r.resume
-		_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?`, r.session)
-		return err
+		fmt.Fprintf(r.stderr, "↻ Resumed session %s (%d messages)\n", r.session, n)
+		return nil
 	}
 	r.session = newID()
-	return hermesstate.InsertSession(r.ctx, r.db, hermesstate.Session{
-		ID: r.session, Source: "tool", Model: r.model, StartedAt: now(),
-		Title: fmt.Sprintf("%s %s", m.Type, m.JobID),
-	})
+	if err := hermesstate.InsertSession(r.ctx, r.db, hermesstate.Session{
+		ID: r.session, Source: "tool", Model: r.ep.model, StartedAt: now(),
+	}); err != nil {
+		return err
+	}
+	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET system_prompt = ? WHERE id = ?`, r.systemPrompt, r.session)
+	return err
 }
 
-func (r *run) endSession(reason string) error {
-	_, err := r.db.ExecContext(context.Background(), `UPDATE sessions SET ended_at = ?, end_reason = ?,
-		message_count = (SELECT count(*) FROM messages WHERE session_id = ?),
-		tool_call_count = (SELECT count(*) FROM messages WHERE session_id = ? AND role = 'tool')
-		WHERE id = ?`, now(), reason, r.session, r.session, r.session)
+// count adds one model call to the session's counters, as Hermes keeps them.
+func (r *run) count(u usage) error {
+	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,
+		api_call_count = api_call_count + 1 WHERE id = ?`, u.PromptTokens, u.CompletionTokens, r.session)
 	if err != nil {
-		return fmt.Errorf("end session %s: %w", r.session, err)
+		return fmt.Errorf("count tokens: %w", err)
 	}
 	return nil
 }
 
 func (r *run) message(role, content string, calls []hermesstate.ToolCall, toolName, callID string) error {
-	return hermesstate.InsertMessage(r.ctx, r.db, hermesstate.Message{
-		SessionID: r.session, Role: role, Content: content, ToolCalls: calls,
+	return r.messageIn(r.session, role, content, calls, toolName, callID)
+}
+
+// messageIn stores one message of a session and counts it there.
+func (r *run) messageIn(session, role, content string, calls []hermesstate.ToolCall, toolName, callID string) error {
+	if err := hermesstate.InsertMessage(r.ctx, r.db, hermesstate.Message{
+		SessionID: session, Role: role, Content: content, ToolCalls: calls,
 		ToolName: toolName, ToolCallID: callID, Timestamp: now(),
-	})
+	}); err != nil {
+		return err
+	}
+	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET message_count = message_count + 1,
+		tool_call_count = tool_call_count + ? WHERE id = ?`, len(calls), session)
+	if err != nil {
+		return fmt.Errorf("count messages of session %s: %w", session, err)
+	}
+	return nil
 }
 
 // sartiq shell-calls `sartiq call`, recording the call and its answer as Hermes' terminal
@@ -417,11 +487,12 @@ func (r *run) sartiqOut(op string, paths []string, body string) ([]byte, error) 
 		args = append(args, "--json", body)
 	}
 	callID := "call_" + newID()
-	cmdline, _ := json.Marshal(map[string]string{"command": r.sartiqBin + " " + strings.Join(args, " ")})
+	cmdline, _ := json.Marshal(map[string]string{"command": "sartiq " + strings.Join(args, " ")})
 	if err := r.message("assistant", "", []hermesstate.ToolCall{{ID: callID, Name: "terminal", Arguments: string(cmdline)}}, "", ""); err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(r.ctx, r.sartiqBin, args...)
+	// Found on PATH, as a shell the model drives would find it.
+	cmd := exec.CommandContext(r.ctx, "sartiq", args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	runErr := cmd.Run()

@@ -1,6 +1,7 @@
 package scriptedagent
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -12,57 +13,119 @@ import (
 
 var client = &http.Client{Timeout: 2 * time.Minute}
 
-// ask sends one user message to the model behind the gateway and records both sides.
+// probe asks what the real CLI asks an endpoint at start-up; any answer will do (404s are
+// fine for the real one too), but an endpoint that cannot be reached at all fails the run.
+func (r *run) probe() error {
+	for i, path := range []string{"/models", "/models"} {
+		req, err := http.NewRequestWithContext(r.ctx, http.MethodGet, r.ep.baseURL+path, nil)
+		if err != nil {
+			return fmt.Errorf("model endpoint %s: %w", r.ep.baseURL, err)
+		}
+		// First without auth, as the real CLI does, then with the key.
+		if i == 1 && r.ep.key != "" {
+			req.Header.Set("Authorization", "Bearer "+r.ep.key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("model endpoint %s: %w", r.ep.baseURL, err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+	}
+	return nil
+}
+
+// usage is what one completion cost, from the stream's final usage chunk.
+type usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+}
+
+// complete sends one chat completion as the real CLI does (stream: true, with
+// stream_options) and returns the assembled text.
+func (r *run) complete(messages []map[string]string) (string, usage, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model":          r.ep.model,
+		"messages":       messages,
+		"stream":         true,
+		"stream_options": map[string]bool{"include_usage": true},
+	})
+	req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, r.ep.baseURL+"/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return "", usage{}, fmt.Errorf("model request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if r.ep.key != "" {
+		req.Header.Set("Authorization", "Bearer "+r.ep.key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", usage{}, fmt.Errorf("model request: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return "", usage{}, fmt.Errorf("model answered %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	var text strings.Builder
+	var u usage
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 8<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	done := false
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data:")
+		if !ok {
+			continue
+		}
+		line = strings.TrimSpace(line)
+		if line == "[DONE]" {
+			done = true
+			break
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(line), &chunk); err != nil {
+			return "", usage{}, fmt.Errorf("model stream: a chunk is not JSON: %.200s", line)
+		}
+		for _, c := range chunk.Choices {
+			text.WriteString(c.Delta.Content)
+		}
+		if chunk.Usage != nil {
+			u = *chunk.Usage
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", usage{}, fmt.Errorf("model stream: %w", err)
+	}
+	if !done {
+		return "", usage{}, fmt.Errorf("model stream ended without [DONE]")
+	}
+	return text.String(), u, nil
+}
+
+// ask sends one user message to the model behind the gateway and records both sides, as
+// Hermes persists a run step by step.
 func (r *run) ask(prompt string) (string, error) {
 	if err := r.message("user", prompt, nil, "", ""); err != nil {
 		return "", err
 	}
-	body, _ := json.Marshal(map[string]any{
-		"model":    r.model,
-		"messages": []map[string]string{{"role": "user", "content": prompt}},
-	})
-	req, err := http.NewRequestWithContext(r.ctx, http.MethodPost, r.baseURL+"/chat/completions", bytes.NewReader(body))
+	messages := []map[string]string{{"role": "system", "content": r.systemPrompt}, {"role": "user", "content": prompt}}
+	content, u, err := r.complete(messages)
 	if err != nil {
-		return "", fmt.Errorf("model request: %w", err)
+		return "", err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if r.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.apiKey)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("model request: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return "", fmt.Errorf("model answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("model answered %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
-	}
-	var answer struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-		Usage struct {
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(raw, &answer); err != nil || len(answer.Choices) == 0 {
-		return "", fmt.Errorf("model answer is not a chat completion: %.200s", raw)
-	}
-	content := answer.Choices[0].Message.Content
 	if err := r.message("assistant", content, nil, "", ""); err != nil {
 		return "", err
 	}
-	if _, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,
-		api_call_count = api_call_count + 1, last_activity_at = ? WHERE id = ?`,
-		answer.Usage.PromptTokens, answer.Usage.CompletionTokens, now(), r.session); err != nil {
-		return "", fmt.Errorf("count tokens: %w", err)
+	if err := r.count(u); err != nil {
+		return "", err
 	}
 	return content, nil
 }

@@ -27,6 +27,11 @@ type Checkpoint struct {
 type checkpointData struct {
 	JobID      string   `json:"job_id"`
 	Categories []string `json:"categories"`
+	// Session is the agent's session that stopped at its turn limit and is resumed, and
+	// TurnLimits how often a run of this job stopped there: what an operator reading the
+	// workspace needs to follow a long job.
+	Session    string `json:"session,omitempty"`
+	TurnLimits int    `json:"turn_limits,omitempty"`
 }
 
 // Validate refuses a checkpoint of another job.
@@ -69,6 +74,15 @@ func (c *Checkpoint) Add(categories ...string) error {
 	if !changed {
 		return nil
 	}
+	return c.save()
+}
+
+// TurnLimit records that a run stopped at its turn limit and session is resumed.
+func (c *Checkpoint) TurnLimit(session string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.data.Session = session
+	c.data.TurnLimits++
 	return c.save()
 }
 

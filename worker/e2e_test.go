@@ -390,12 +390,11 @@ func TestUnknownTypeFailsLoudly(t *testing.T) {
 	})
 }
 
-// agentPIDs are the running scripted agents (and their children) with their environments.
-// agentProcs lists the scripted agents this world started, told apart from other tests'
-// (other packages run beside this one) by the world's own gateway in their environment.
-func (w *world) agentProcs(t *testing.T) map[int]string {
+// agentProcs lists the running scripted agents of job with their command lines and
+// environments, told apart from other tests' (other packages run beside this one) by their
+// working directory, the job's own workspace, in a process and in a container alike.
+func (w *world) agentProcs(t *testing.T, job string) map[int]string {
 	t.Helper()
-	mine := []byte(scriptedagent.EnvBaseURL + "=" + w.gateway + "/v1\x00")
 	procs := map[int]string{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -407,10 +406,10 @@ func (w *world) agentProcs(t *testing.T) map[int]string {
 		if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(binDir, "scripted-agent"))) && !bytes.Contains(cmdline, []byte("scripted-agent\x00chat")) {
 			continue
 		}
-		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if !bytes.Contains(env, mine) {
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err != nil || !strings.HasSuffix(cwd, "/workspaces/"+job) {
 			continue
 		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
 		procs[pid] = string(cmdline) + "\n" + string(env)
 	}
 	return procs
@@ -433,7 +432,7 @@ func TestReclaimMidRunStopsTheAgentAndTheTokenIsNeverInItsReach(t *testing.T) {
 		var seen map[int]string
 		for range 600 {
 			if len(w.guidelines(ctx, job)) == 2 {
-				if seen = w.agentProcs(t); len(seen) > 0 {
+				if seen = w.agentProcs(t, job); len(seen) > 0 {
 					break
 				}
 			}
@@ -480,7 +479,7 @@ func TestReclaimMidRunStopsTheAgentAndTheTokenIsNeverInItsReach(t *testing.T) {
 		if r.outcome.Status != "taken_away" || r.status.Code == 0 {
 			t.Fatalf("outcome %+v exit %v\n%s", r.outcome, r.status, r.stderr)
 		}
-		if left := w.agentProcs(t); len(left) > 0 {
+		if left := w.agentProcs(t, job); len(left) > 0 {
 			t.Fatalf("agents left running: %v", left)
 		}
 		// The old token can write nothing more.

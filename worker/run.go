@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,18 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"sort"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"hermeshost/atomicfile"
 	"hermeshost/control"
+	"hermeshost/hermescli"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
-	"hermeshost/scriptedagent"
 	"hermeshost/service"
 )
 
@@ -53,9 +49,18 @@ type Config struct {
 	MaxTurns   int
 	MaxResumes int
 	Heartbeat  time.Duration
-	GatewayURL string // the gateway's base URL; the agent gets <url>/v1
+	GatewayURL string // the gateway's base URL; the agent's config.yaml names <url>/v1
 	GatewayKey service.Secret
 	Model      string
+	// BundledSkills is the image's read-only bundled skills (HERMES_BUNDLED_SKILLS), which
+	// Hermes reads in place; empty for none.
+	BundledSkills string
+	// SkillsMax is how many authored skills stay enabled (SKILLS_MAX_AUTHORED); 0 applies
+	// no cap.
+	SkillsMax int
+	// Plugin is the host's Hermes plugin, installed and enabled in the home before every
+	// agent start; it carries the subagent hooks to the hook socket.
+	Plugin orghome.Plugin
 	// SartiqBin is the sartiq command the agent shell-calls (hermes-host under that name).
 	SartiqBin string
 	// Control is the control API with the org's key; with it the agent's subagent hooks
@@ -73,6 +78,8 @@ type Outcome struct {
 	Status string          `json:"status"` // completed, failed, released, taken_away, crashed, unreported
 	Reason string          `json:"reason,omitempty"`
 	Result json.RawMessage `json:"result,omitempty"`
+	// SkillsDisabled are the authored skills the cap disabled before this job's agent starts.
+	SkillsDisabled []string `json:"skills_disabled,omitempty"`
 }
 
 // ErrTakenAway: the backend refused a heartbeat with 409; the job is someone else's now.
@@ -94,8 +101,10 @@ type runner struct {
 	home        *orghome.Home
 	ws          string
 	check       *Checkpoint
+	bundled     *orghome.Bundled
 	emitMu      sync.Mutex
 	accepts     int
+	disabled    []string // skills the cap disabled during this job
 }
 
 // Run runs one job end to end and reports its outcome to the backend (unless
@@ -106,6 +115,7 @@ func Run(ctx context.Context, cfg Config, api *sartiq.Client, a Assignment) (Out
 	r := &runner{cfg: cfg, api: api, job: a.Job, manifestURL: a.ManifestURL}
 	r.emit("start", map[string]any{"job": a.Job.ID, "type": a.Job.Type, "org": a.OrganizationID, "attempt": a.Job.Attempt})
 	out, err := r.run(ctx, a)
+	out.SkillsDisabled = r.disabled
 	r.emit("outcome", out)
 	return out, err
 }
@@ -229,6 +239,13 @@ func (r *runner) prepare(ctx context.Context) error {
 	if r.check, err = OpenCheckpoint(ws, r.job.ID); err != nil {
 		return err
 	}
+	if r.cfg.SkillsMax > 0 {
+		// The image's skills are never capped, and an authored skill sharing a name with
+		// one is never disabled (that would disable both): the cap needs to know them.
+		if r.bundled, err = orghome.ReadBundled(r.cfg.BundledSkills); err != nil {
+			return err
+		}
+	}
 	events, err := r.api.ListEvents(ctx, r.job.ID)
 	if err != nil {
 		return fmt.Errorf("events of job %s: %w", r.job.ID, err)
@@ -333,15 +350,13 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 	if err := atomicfile.LoadJSON(filepath.Join(r.ws, "manifest.json"), &manifest); err != nil {
 		return Outcome{Status: "failed", Reason: err.Error()}, nil
 	}
-	started := time.Now()
 	session := ""
 	for run := 0; ; run++ {
-		args := []string{"chat", "-q", prompt, "--quiet", "--source", "tool", "--max-turns", strconv.Itoa(r.cfg.MaxTurns)}
-		if session != "" {
-			args = append(args, "--resume", session)
+		if out, stop := r.beforeAgentStart(ctx); stop {
+			return out, nil
 		}
 		r.emit("agent_start", map[string]any{"run": run, "resume": session != ""})
-		output, code, err := r.exec(ctx, args, proxy.Path(), hooks)
+		res, code, err := r.exec(ctx, hermescli.Args(prompt, r.cfg.MaxTurns, session), proxy.Path(), hooks)
 		if ctx.Err() != nil {
 			return Outcome{}, errStopped
 		}
@@ -354,22 +369,28 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 			reason := fmt.Sprintf("the agent exited with status %d", code)
 			return Outcome{Status: "crashed", Reason: reason}, fmt.Errorf("job %s: %s", r.job.ID, reason)
 		}
-		final := FinalAnswer(output)
-		persisted := r.check.Categories()
-		missing := slices.ContainsFunc(manifest.Categories, func(c string) bool { return !slices.Contains(persisted, c) })
-		if final == nil && missing && r.cap.Resumable && run < r.cfg.MaxResumes {
-			if session == "" {
-				if session, err = r.latestSession(ctx, started); err != nil {
-					if ctx.Err() != nil {
-						return Outcome{}, errStopped
-					}
-					return Outcome{Status: "failed", Reason: err.Error()}, nil
-				}
+		if res.TurnLimit {
+			// The CLI's own line says so; its summary may well hold JSON, which is no final
+			// answer.
+			switch {
+			case !r.cap.Resumable:
+				return Outcome{Status: "failed", Reason: fmt.Sprintf("the agent reached its turn limit (%d turns) before finishing", r.cfg.MaxTurns)}, nil
+			case run >= r.cfg.MaxResumes:
+				return Outcome{Status: "failed", Reason: fmt.Sprintf("the agent reached its turn limit (%d turns) %d times; MAX_RESUMES is %d", r.cfg.MaxTurns, run+1, r.cfg.MaxResumes)}, nil
+			case res.SessionID == "":
+				return Outcome{Status: "failed", Reason: "the agent stopped at its turn limit but printed no session_id line: its session cannot be resumed"}, nil
 			}
-			r.emit("resume", map[string]any{"session": session, "persisted": persisted})
+			session = res.SessionID
+			if err := r.check.TurnLimit(session); err != nil {
+				return Outcome{Status: "crashed", Reason: err.Error()}, err
+			}
+			r.emit("resume", map[string]any{"session": session, "persisted": r.check.Categories()})
 			continue
 		}
-		result, err := r.cap.Gate(final, manifest.Categories, Persisted{Categories: persisted, Writes: r.acceptedWrites()})
+		if res.StdoutCut {
+			r.cfg.Log.Warn("the agent's output was cut", "job", r.job.ID, "kept_bytes", len(res.Stdout))
+		}
+		result, err := r.cap.Gate(FinalAnswer(res.Stdout), manifest.Categories, Persisted{Categories: r.check.Categories(), Writes: r.acceptedWrites()})
 		if err != nil {
 			return Outcome{Status: "failed", Reason: err.Error()}, nil
 		}
@@ -377,63 +398,85 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 	}
 }
 
-// latestSession is the agent's session of this job: the newest tool session started since.
-func (r *runner) latestSession(ctx context.Context, since time.Time) (string, error) {
-	st, err := r.home.OpenState()
-	if err != nil {
-		return "", fmt.Errorf("find the agent's session to resume: %w", err)
+// beforeAgentStart makes the home one the real CLI runs in (config.yaml, plugin, bundled
+// skills) and applies the skills cap, before every start: a resumed run too, since the
+// home may have changed in between. It returns the job's outcome when the job cannot go on:
+// a config.yaml that does not parse fails it with the file and line, untouched.
+func (r *runner) beforeAgentStart(ctx context.Context) (Outcome, bool) {
+	_, err := r.home.EnsureAgentSetup(orghome.AgentSetup{
+		Provider: hermescli.Provider, BaseURL: r.cfg.GatewayURL + "/v1", Model: r.cfg.Model,
+		KeyEnv: hermescli.KeyEnv, BundledSkills: r.cfg.BundledSkills, Plugin: r.cfg.Plugin,
+	})
+	var cfgErr *orghome.ConfigError
+	switch {
+	case errors.As(err, &cfgErr):
+		r.cfg.Log.Error("the home's config.yaml cannot be read; the job fails", "job", r.job.ID, "err", err)
+		return Outcome{Status: "failed", Reason: err.Error()}, true
+	case err != nil:
+		return Outcome{Status: "crashed", Reason: err.Error()}, true
 	}
-	defer st.Close()
-	page, err := st.Sessions(ctx, orghome.SessionQuery{Limit: 20})
-	if err != nil {
-		return "", fmt.Errorf("find the agent's session to resume: %w", err)
+	if r.cfg.SkillsMax <= 0 {
+		return Outcome{}, false
 	}
-	sessions := page.Sessions
-	sort.Slice(sessions, func(i, j int) bool { return sessions[i].StartedAt.After(sessions[j].StartedAt) })
-	for _, s := range sessions {
-		if s.Source == "tool" && !s.StartedAt.Before(since.Add(-time.Second)) {
-			return s.ID, nil
+	res, err := r.home.EnforceSkillCap(ctx, r.cfg.SkillsMax, r.bundled)
+	switch {
+	case errors.As(err, &cfgErr):
+		return Outcome{Status: "failed", Reason: err.Error()}, true
+	case errors.Is(err, orghome.ErrStateBusy):
+		// Usage unknown: guessing would disable skills in use. The next start tries again.
+		r.cfg.Log.Warn("skills cap not applied this time", "job", r.job.ID, "err", err)
+		return Outcome{}, false
+	case err != nil:
+		return Outcome{Status: "crashed", Reason: err.Error()}, true
+	}
+	if len(res.Disabled) > 0 {
+		names := make([]string, len(res.Disabled))
+		for i, u := range res.Disabled {
+			names[i] = u.Name
 		}
+		r.disabled = append(r.disabled, names...)
+		r.emit("skills_cap", map[string]any{"max": res.Max, "authored": res.Authored, "disabled": names})
 	}
-	return "", errors.New("the agent stopped at its turn limit but left no session to resume")
+	return Outcome{}, false
 }
 
 // exec runs the agent in its own process group with only what Hermes needs in its
-// environment: no job token, no bot credential, nothing of another org.
-func (r *runner) exec(ctx context.Context, args []string, socket, hooks string) ([]byte, int, error) {
+// environment: its home, the org's gateway key under the name config.yaml gives it, the
+// sockets of the token proxy and the hooks, and sartiq on PATH. No job token, no bot
+// credential, nothing of another org; and no endpoint, which the real CLI would ignore.
+func (r *runner) exec(ctx context.Context, args []string, socket, hooks string) (hermescli.Result, int, error) {
 	cmd := exec.Command(r.cfg.HermesBin, args...)
 	cmd.Dir = r.ws
 	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
+		"PATH=" + filepath.Dir(r.cfg.SartiqBin) + string(os.PathListSeparator) + os.Getenv("PATH"),
 		"HOME=" + r.cfg.Home,
-		scriptedagent.EnvHome + "=" + r.cfg.Home,
-		scriptedagent.EnvBaseURL + "=" + r.cfg.GatewayURL + "/v1",
-		scriptedagent.EnvAPIKey + "=" + r.cfg.GatewayKey.Reveal(),
-		scriptedagent.EnvModel + "=" + r.cfg.Model,
-		scriptedagent.EnvSartiq + "=" + r.cfg.SartiqBin,
+		"HERMES_HOME=" + r.cfg.Home,
+		hermescli.KeyEnv + "=" + r.cfg.GatewayKey.Reveal(),
 		"SARTIQ_PROXY_SOCKET=" + socket,
 	}
 	if hooks != "" {
-		cmd.Env = append(cmd.Env, scriptedagent.EnvHooks+"="+hooks)
+		cmd.Env = append(cmd.Env, hermescli.HooksSocketEnv+"="+hooks)
 	}
 	// Its own group, so a stop kills everything it started; and killed with the worker, so
 	// no agent outlives the home lock its worker held.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = os.Stderr
+	var out hermescli.Output
+	cmd.Stdout = out.Stdout()
+	cmd.Stderr = out.Stderr(os.Stderr)
+	// A process the agent left behind holding its pipes does not hold the worker up.
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
-		return nil, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
+		return hermescli.Result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 	select {
 	case err := <-waited:
-		return stdout.Bytes(), exitCode(err), nil
+		return out.Result(), exitCode(err), nil
 	case <-ctx.Done():
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-waited
-		return stdout.Bytes(), -1, nil
+		return out.Result(), -1, nil
 	}
 }
 

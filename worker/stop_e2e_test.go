@@ -195,7 +195,7 @@ func TestStopMidRunReleasesTheJobAndKeepsItsCheckpoint(t *testing.T) {
 		t.Fatalf("outcome %+v, %v", r.outcome, r.err)
 	}
 	w.requireReleased(ctx, job)
-	if left := w.agentProcs(t); len(left) > 0 {
+	if left := w.agentProcs(t, job); len(left) > 0 {
 		t.Fatalf("agents left running: %v", left)
 	}
 	check, err := worker.OpenCheckpoint(filepath.Join(w.home("acme"), "workspaces", job), job)

@@ -48,7 +48,8 @@ type dispatcherSettings struct {
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
 	config.GatewayKey, config.GatewaySecret, config.WorkerModel, config.VisionModel, config.ClaimEnabled,
 	config.PollInterval, config.MaxAttempts, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
-	config.HermesBin, config.HeartbeatInterval, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
+	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
+	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
@@ -78,7 +79,10 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.controlAddr = e.String(config.ControlAddr)
 	s.controlURL = e.String(config.ControlURL)
 	s.controlSecret = service.Secret(e.String(config.ControlSecret))
-	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval} {
+	// The workers' own settings, passed on when the operator set them (the worker has the
+	// same defaults).
+	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes,
+		config.HermesBundledSkills, config.SkillsMaxAuthored} {
 		if val, ok := os.LookupEnv(v.Name); ok {
 			s.workerEnv = append(s.workerEnv, v.Name+"="+val)
 		}

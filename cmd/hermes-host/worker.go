@@ -17,6 +17,7 @@ import (
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
+	"hermeshost/hermesplugin"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/service"
@@ -67,7 +68,8 @@ func runJobCommand() *cli.Command {
 			"progress as JSON lines on stdout; SIGTERM, or EOF on stdin with hold_stdin, releases the job",
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
-			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.WorkspaceRetention,
+			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.HermesBundledSkills,
+			config.SkillsMaxAuthored, config.WorkspaceRetention,
 			config.WorkspaceKeep, config.ControlURL, config.ControlKey, config.LogLevel},
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
@@ -90,6 +92,8 @@ func runJobCommand() *cli.Command {
 					cfg.GatewayKey = service.Secret(e.String(config.GatewayKey))
 					cfg.Model = e.String(config.WorkerModel)
 					cfg.HermesBin = e.String(config.HermesBin)
+					cfg.BundledSkills = e.String(config.HermesBundledSkills)
+					cfg.SkillsMax = e.Int(config.SkillsMaxAuthored)
 					cfg.MaxTurns = e.Int(config.MaxTurns)
 					cfg.MaxResumes = e.Int(config.MaxResumes)
 					cfg.Heartbeat = e.Duration(config.HeartbeatInterval)
@@ -132,6 +136,7 @@ func runJobCommand() *cli.Command {
 					// Not installed under that name: the workspace gets its own link.
 					cfg.SartiqBin = ""
 				}
+				cfg.Plugin = orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}
 				cfg.Token = service.Secret(token)
 				cfg.Log = log
 				cfg.Progress = os.Stdout
