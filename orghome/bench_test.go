@@ -110,7 +110,7 @@ func BenchmarkTranscript(b *testing.B) {
 	b.Run("raw-rows-baseline", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			rows, err := st.db.QueryContext(ctx, "SELECT id, role, content, tool_calls FROM messages WHERE session_id = ? ORDER BY timestamp, id", "s00000")
+			rows, err := st.db.QueryContext(ctx, "SELECT id, role, content, tool_calls FROM messages WHERE session_id = ? ORDER BY id", "s00000")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -132,4 +132,48 @@ func BenchmarkTranscript(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkSessionsSearch finds the first page of sessions whose messages hold a word, in
+// 5,000 sessions of 6 messages: one op is one page. "fts" is the reader on Hermes' word
+// index; "like-baseline" is the same reader after Hermes marked its index stale, when it
+// scans message text as Hermes' own fallback does.
+func BenchmarkSessionsSearch(b *testing.B) {
+	_, h := newHome(b, "acme")
+	db := stateFixture(b, h, 5_000)
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := strings.Repeat("The agent reads the product page and proposes a category. ", 4)
+	for i := range 5_000 {
+		for j := range 6 {
+			m := hermesstate.Message{SessionID: fmt.Sprintf("s%05d", i), Role: "user", Content: body, Timestamp: float64(j)}
+			if j == 3 && i%100 == 0 {
+				m.Content += " quarantine"
+			}
+			if err := hermesstate.InsertMessage(ctx, tx, m); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+	st := openState(b, h)
+	search := func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			page, err := st.Sessions(ctx, SessionQuery{Search: "quarantine", Limit: 20})
+			if err != nil || page.Status != "" || len(page.Sessions) != 20 {
+				b.Fatal(err, page.Status, len(page.Sessions))
+			}
+		}
+	}
+	b.Run("fts", search)
+	if _, err := db.ExecContext(ctx, `INSERT INTO state_meta (key, value) VALUES ('fts_stale', '1')`); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("like-baseline", search)
 }

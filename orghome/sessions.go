@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -47,11 +49,42 @@ type StateDB struct {
 	summary string       // the SELECT list for Session rows
 }
 
-// stateLayout is which optional columns this database has: Hermes adds columns over
-// versions, and an older state.db lacks the newer ones.
+// stateLayout is which optional columns and tables this database has: Hermes adds columns
+// over versions (schema 22 has no display_kind, schema 30 keeps prompts in system_prompts),
+// and an older state.db lacks the newer ones.
 type stateLayout struct {
 	sessions map[string]bool
 	messages map[string]bool
+	tables   map[string]bool
+	// visible is the SQL predicate, over messages aliased m, for the rows a person reads.
+	visible string
+}
+
+// visibleRows says which messages a person reads, in the columns this database has: the
+// live conversation, as Hermes' own default view (get_messages, the history it restores)
+// reads it, active=1 rows in id order, without schema 30's display_kind 'hidden' rows,
+// the scaffolding only the model sees, which its search and display views leave out.
+// Left out with them: active=0 alone, a turn the user took back (rewind, undo), and
+// active=0 with compacted=1, an original that compaction summarized away. (Hermes' search
+// and its schema-30 display view do show those originals, merged across compaction
+// generations; here the summary that replaced them stands for them.) A NULL active is a
+// row written while a column default was missing, which Hermes heals to 1 on its next
+// open, so it counts as active.
+func visibleRows(cols map[string]bool) string {
+	var conds []string
+	if cols["active"] {
+		conds = append(conds, "m.active IS NOT 0")
+	}
+	if cols["compacted"] {
+		conds = append(conds, "m.compacted IS NOT 1")
+	}
+	if cols["display_kind"] {
+		conds = append(conds, "m.display_kind IS NOT 'hidden'")
+	}
+	if len(conds) == 0 {
+		return "1"
+	}
+	return strings.Join(conds, " AND ")
 }
 
 // OpenState opens the home's state.db read-only: SQLite's mode=ro and query_only, so the
@@ -127,9 +160,30 @@ func (s *StateDB) load(ctx context.Context) (*stateLayout, error) {
 			return nil, fmt.Errorf("state.db of org %s: messages has no %s column: not Hermes' layout", s.home.ID, need)
 		}
 	}
+	if l.tables, err = s.tableNames(ctx); err != nil {
+		return nil, err
+	}
+	l.visible = visibleRows(l.messages)
 	s.layout = l
 	s.summary = sessionSelect(l.sessions)
 	return l, nil
+}
+
+func (s *StateDB) tableNames(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'table'")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	tables := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		tables[name] = true
+	}
+	return tables, rows.Err()
 }
 
 func (s *StateDB) columns(ctx context.Context, table string) (map[string]bool, error) {
@@ -294,6 +348,135 @@ func likePattern(s string) string {
 	return "%" + r.Replace(s) + "%"
 }
 
+// maxSearchBytes caps the search text, as Hermes caps its FTS5 query input (2,048 chars):
+// a dashboard search needs no more, and an unbounded one is an unbounded query plan.
+const maxSearchBytes = 2048
+
+// searchFilter is the WHERE condition, over sessions aliased s, for a search: the session's
+// title contains the text, or one message a person reads (visibleRows, so a hit is one the
+// transcript shows) matches it. Message text is searched the way Hermes' search_messages
+// does: through state.db's own FTS5 index, each whitespace-separated word a quoted phrase
+// (so quotes, *, NEAR, -, parentheses and column filters are text, never operators) and all
+// words in one message; a query with CJK text goes to the trigram index, which finds
+// substrings the word index cannot (unicode61 keeps a run of ideographs as one token).
+// LIKE is the fallback only where no index can answer: a database without messages_fts, an
+// index Hermes marked stale or is rebuilding, and CJK words shorter than the trigram's
+// three characters.
+func (s *StateDB) searchFilter(ctx context.Context, l *stateLayout, text string) (string, []any, error) {
+	if len(text) > maxSearchBytes {
+		// Cut at a word boundary, so the last word searched is one the person typed.
+		cut := text[:maxSearchBytes+1]
+		if i := strings.LastIndexFunc(cut, unicode.IsSpace); i > 0 {
+			cut = cut[:i]
+		}
+		text = cut
+	}
+	// SQLite ends a LIKE pattern at a NUL, which would turn the rest into a match-all; no
+	// text Hermes stores holds one to find.
+	text = strings.ToValidUTF8(strings.ReplaceAll(text, "\x00", ""), "")
+	if text == "" {
+		return "", nil, nil // nothing searchable was asked for: nothing matches
+	}
+	var (
+		or   []string
+		args []any
+	)
+	if l.sessions["title"] {
+		or = append(or, `s.title LIKE ? ESCAPE '\'`)
+		args = append(args, likePattern(text))
+	}
+	words := strings.Fields(text)
+	index, err := s.searchIndex(ctx, l, words)
+	if err != nil {
+		return "", nil, err
+	}
+	switch {
+	case len(words) == 0:
+	case index != "":
+		or = append(or, "s.id IN (SELECT m.session_id FROM "+index+" JOIN messages m ON m.id = "+index+".rowid"+
+			" WHERE "+index+" MATCH ? AND "+l.visible+")")
+		args = append(args, ftsPhrases(words))
+	default:
+		var cols []string
+		for _, c := range []string{"content", "tool_name", "tool_calls"} {
+			if l.messages[c] {
+				cols = append(cols, c)
+			}
+		}
+		if len(cols) == 0 {
+			break
+		}
+		// Every word somewhere in one message, as the index would have it.
+		var all []string
+		for _, w := range words {
+			var alts []string
+			for _, c := range cols {
+				alts = append(alts, "m."+c+` LIKE ? ESCAPE '\'`)
+				args = append(args, likePattern(w))
+			}
+			all = append(all, "("+strings.Join(alts, " OR ")+")")
+		}
+		or = append(or, "EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND "+l.visible+
+			" AND "+strings.Join(all, " AND ")+")")
+	}
+	if len(or) == 0 {
+		return "", nil, nil
+	}
+	return "(" + strings.Join(or, " OR ") + ")", args, nil
+}
+
+// searchIndex names the FTS5 table that can answer a search for words, or "" when none can.
+func (s *StateDB) searchIndex(ctx context.Context, l *stateLayout, words []string) (string, error) {
+	if !l.tables["messages_fts"] {
+		return "", nil
+	}
+	if l.tables["state_meta"] {
+		// Hermes detaches a corrupt index (fts_stale) and backfills a rebuilt one in the
+		// background (fts_rebuild_high_water); until it is done the index misses rows, and
+		// Hermes itself searches with LIKE.
+		var n int
+		err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM state_meta WHERE key IN ('fts_stale', 'fts_rebuild_high_water')`).Scan(&n)
+		if err != nil {
+			return "", err
+		}
+		if n > 0 {
+			return "", nil
+		}
+	}
+	cjk := false
+	for _, w := range words {
+		cjk = cjk || strings.ContainsFunc(w, isCJK)
+	}
+	if !cjk {
+		return "messages_fts", nil
+	}
+	if !l.tables["messages_fts_trigram"] {
+		return "", nil
+	}
+	for _, w := range words {
+		if utf8.RuneCountInString(w) < 3 {
+			return "", nil // a trigram index cannot match fewer than three characters
+		}
+	}
+	return "messages_fts_trigram", nil
+}
+
+func isCJK(r rune) bool {
+	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul) ||
+		(r >= 0x3000 && r <= 0x303f) // CJK symbols and punctuation, which Hermes counts too
+}
+
+// ftsPhrases renders words as an FTS5 query of quoted phrases, ANDed: inside a string FTS5
+// has no operators, and a doubled quote is a literal one. A word the tokenizer reads as no
+// token at all (punctuation only) is an empty phrase, which FTS5 leaves out of the AND.
+func ftsPhrases(words []string) string {
+	quoted := make([]string, len(words))
+	for i, w := range words {
+		quoted[i] = `"` + strings.ReplaceAll(w, `"`, `""`) + `"`
+	}
+	return strings.Join(quoted, " ")
+}
+
 // Sessions lists one page of sessions, newest first.
 func (s *StateDB) Sessions(ctx context.Context, q SessionQuery) (SessionPage, error) {
 	l, err := s.load(ctx)
@@ -320,20 +503,15 @@ func (s *StateDB) Sessions(ctx context.Context, q SessionQuery) (SessionPage, er
 		args = append(args, c.StartedAt, c.StartedAt, c.ID)
 	}
 	if q.Search != "" {
-		pat := likePattern(q.Search)
-		var or []string
-		if l.sessions["title"] {
-			or = append(or, `s.title LIKE ? ESCAPE '\'`)
-			args = append(args, pat)
+		match, matchArgs, err := s.searchFilter(ctx, l, q.Search)
+		if err != nil {
+			return s.pageErr(err)
 		}
-		if l.messages["content"] {
-			or = append(or, `EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.content LIKE ? ESCAPE '\')`)
-			args = append(args, pat)
-		}
-		if len(or) == 0 {
+		if match == "" {
 			return SessionPage{}, nil
 		}
-		where = append(where, "("+strings.Join(or, " OR ")+")")
+		where = append(where, match)
+		args = append(args, matchArgs...)
 	}
 	query := "SELECT " + s.summary + " FROM sessions s"
 	if len(where) > 0 {
@@ -378,11 +556,16 @@ func (s *StateDB) pageErr(err error) (SessionPage, error) {
 	return SessionPage{}, fmt.Errorf("read sessions of org %s: %w", s.home.ID, err)
 }
 
-// Transcript is one session and its messages in the order Hermes recorded them.
+// Transcript is one session and the messages a person reads, in the order Hermes recorded
+// them.
 type Transcript struct {
-	Session  Session
-	Messages []Message
-	Status   string // StatusBusy when the database could not answer
+	Session      Session
+	SystemPrompt string // kept on the session: Hermes stores no system message row
+	Messages     []Message
+	// Omitted counts the rows Hermes keeps but does not show (see visibleRows): taken
+	// back, summarized away by compaction, or hidden scaffolding.
+	Omitted int
+	Status  string // StatusBusy when the database could not answer
 }
 
 // Message is one message of a transcript. Tool calls are decoded so a page can show which
@@ -432,7 +615,7 @@ func decodeToolCalls(raw string) []ToolCall {
 	return calls
 }
 
-// Transcript reads one session with all its messages.
+// Transcript reads one session with the messages a person reads (see visibleRows).
 func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error) {
 	l, err := s.load(ctx)
 	if err != nil {
@@ -452,24 +635,37 @@ func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error)
 	if err != nil {
 		return s.transcriptErr(id, err)
 	}
-	cols := []string{"id", "role"}
+	t := Transcript{Session: sess, Messages: make([]Message, 0, sess.MessageCount)}
+	if prompt := systemPromptSelect(l); prompt != "" {
+		var p sql.NullString
+		if err := tx.QueryRowContext(ctx, "SELECT "+prompt+" FROM sessions s WHERE s.id = ?", id).Scan(&p); err != nil {
+			return s.transcriptErr(id, err)
+		}
+		t.SystemPrompt = p.String
+	}
+	if l.visible != "1" {
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM messages m WHERE m.session_id = ? AND NOT ("+l.visible+")", id).Scan(&t.Omitted); err != nil {
+			return s.transcriptErr(id, err)
+		}
+	}
+	cols := []string{"m.id", "m.role"}
 	for _, c := range []string{"content", "tool_calls", "tool_name", "tool_call_id", "timestamp"} {
 		if l.messages[c] {
-			cols = append(cols, c)
+			cols = append(cols, "m."+c)
 		} else {
 			cols = append(cols, "NULL")
 		}
 	}
-	order := "id"
-	if l.messages["timestamp"] {
-		order = "timestamp, id"
-	}
-	rows, err := tx.QueryContext(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM messages WHERE session_id = ? ORDER BY "+order, id)
+	// Insertion order, as Hermes reads its own history: timestamps come from a clock that
+	// can step back, and ordering by them can put a tool's answer before its call. Schema
+	// 30's display_order only matters for its display view, which merges the generations
+	// compaction leaves; the live rows read here have none to merge.
+	rows, err := tx.QueryContext(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM messages m WHERE m.session_id = ? AND "+
+		l.visible+" ORDER BY m.id", id)
 	if err != nil {
 		return s.transcriptErr(id, err)
 	}
 	defer rows.Close()
-	t := Transcript{Session: sess, Messages: make([]Message, 0, sess.MessageCount)}
 	for rows.Next() {
 		var (
 			m                                Message
@@ -490,6 +686,24 @@ func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error)
 		return s.transcriptErr(id, err)
 	}
 	return t, nil
+}
+
+// systemPromptSelect is the expression, over sessions aliased s, for a session's system
+// prompt: inline, or (schema 25 and later) in system_prompts by hash, the inline column
+// kept as the fallback for rows written before. "" when the database keeps no prompt.
+func systemPromptSelect(l *stateLayout) string {
+	inline := l.sessions["system_prompt"]
+	if l.sessions["system_prompt_hash"] && l.tables["system_prompts"] {
+		byHash := "(SELECT p.prompt FROM system_prompts p WHERE p.hash = s.system_prompt_hash)"
+		if inline {
+			return "COALESCE(s.system_prompt, " + byHash + ")"
+		}
+		return byHash
+	}
+	if inline {
+		return "s.system_prompt"
+	}
+	return ""
 }
 
 func (s *StateDB) transcriptErr(id string, err error) (Transcript, error) {
