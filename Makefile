@@ -9,7 +9,7 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 # htmx, from npm as package-lock.json pins it, copied where the binary embeds it from.
 HTMX := static/vendor/htmx.min.js
 
-.PHONY: run test build generate lint test-go fuzz bench images clean
+.PHONY: run test build generate lint test-go test-python fuzz bench images clean
 
 ## run: start Postgres if none is given (and Docker when installed), build the images when an engine answers,
 ## migrate, and run the whole product (hermes-host dev): backend with demo jobs, gateway, dispatcher claiming.
@@ -50,11 +50,15 @@ lint: $(HTMX)
 
 ## test: every test (real Postgres), with the race detector, after lint.
 test: lint build
-	scripts/with-services.sh $(MAKE) --no-print-directory test-go fuzz
+	scripts/with-services.sh $(MAKE) --no-print-directory test-go test-python fuzz
 
 test-go:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
 
+# The host's Hermes plugin, in Python's own unittest (standard library only). Its end-to-end
+# case, against the hook socket of a real run-job, runs in test-go (worker TestPlugin*).
+test-python:
+	PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s hermesplugin -t hermesplugin
 
 # Fuzz targets, each for a bounded time (FUZZTIME). -fuzzminimizetime keeps the fuzzers that do
 # file I/O from spending their budget shrinking inputs.

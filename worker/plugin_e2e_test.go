@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"hermeshost/hermesplugin"
 	"hermeshost/sartiq"
 	"hermeshost/subagent"
 )
@@ -41,7 +39,6 @@ func TestPluginCarriesHermesHooksToTheWorkersHookSocket(t *testing.T) {
 	w := newWorld(t, "process")
 	ctl := startControl(t)
 	ctx := context.Background()
-	installPluginUntilTheWorkerDoes(t, w.home("acme"))
 	// A product ingest with no writes completes on the stand-in's empty answer, so the
 	// outcome says whether its tests passed (see the script).
 	job := w.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
@@ -139,20 +136,4 @@ func countOf(s []string, v string) int {
 		}
 	}
 	return n
-}
-
-// installPluginUntilTheWorkerDoes writes the plugin into the org's home, where the worker is
-// to install it before every agent start (orghome.EnsureAgentSetup with hermesplugin.Files).
-// Delete it, and its call, once the worker does.
-func installPluginUntilTheWorkerDoes(t *testing.T, home string) {
-	t.Helper()
-	dir := filepath.Join(home, "plugins", hermesplugin.Name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range hermesplugin.Files() {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
