@@ -432,23 +432,16 @@ func (r *run) openSession() error {
 		return nil
 	}
 	r.session = newID()
-	if err := hermesstate.InsertSession(r.ctx, r.db, hermesstate.Session{
-		ID: r.session, Source: "tool", Model: r.ep.model, StartedAt: now(),
-	}); err != nil {
-		return err
-	}
-	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET system_prompt = ? WHERE id = ?`, r.systemPrompt, r.session)
-	return err
+	return hermesstate.InsertSession(r.ctx, r.db, hermesstate.Session{
+		ID: r.session, Source: "tool", Model: r.ep.model, StartedAt: now(), SystemPrompt: r.systemPrompt,
+	})
 }
 
 // count adds one model call to the session's counters, as Hermes keeps them.
 func (r *run) count(u usage) error {
-	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,
-		api_call_count = api_call_count + 1 WHERE id = ?`, u.PromptTokens, u.CompletionTokens, r.session)
-	if err != nil {
-		return fmt.Errorf("count tokens: %w", err)
-	}
-	return nil
+	return hermesstate.AddUsage(r.ctx, r.db, r.session, hermesstate.Usage{
+		APICalls: 1, InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, At: now(),
+	})
 }
 
 func (r *run) message(role, content string, calls []hermesstate.ToolCall, toolName, callID string) error {
@@ -463,12 +456,7 @@ func (r *run) messageIn(session, role, content string, calls []hermesstate.ToolC
 	}); err != nil {
 		return err
 	}
-	_, err := r.db.ExecContext(r.ctx, `UPDATE sessions SET message_count = message_count + 1,
-		tool_call_count = tool_call_count + ? WHERE id = ?`, len(calls), session)
-	if err != nil {
-		return fmt.Errorf("count messages of session %s: %w", session, err)
-	}
-	return nil
+	return hermesstate.AddUsage(r.ctx, r.db, session, hermesstate.Usage{Messages: 1, ToolCalls: len(calls), At: now()})
 }
 
 // sartiq shell-calls `sartiq call`, recording the call and its answer as Hermes' terminal
