@@ -3,20 +3,20 @@
 // contract as ../shared/HERMES.md records it, not a convenience, and where the two differ
 // HERMES.md is right:
 //
-//	hermes chat -q PROMPT -Q --source tool --max-turns N [--resume ID]
+//		hermes chat -q PROMPT -Q --source tool --max-turns N [--resume ID]
 //
-//   - its model endpoint comes from $HERMES_HOME/config.yaml only (model.provider, and the
-//     providers block's base_url and key_env); OPENAI_BASE_URL and HERMES_MODEL are not read,
-//     and a home without a provider fails the run as the real CLI does offline;
-//   - it probes the endpoint at start-up and streams every completion (stream: true);
-//   - it stores sessions and messages in $HERMES_HOME/state.db in the shape of the pinned
-//     release (schema 22): the session stays open after the run, its title NULL, no system
-//     message row (the prompt is on the session), ids like 20261203_141812_7c2bfe; a
-//     failed run leaves the user message and no assistant row;
-//   - at --max-turns it prints the real CLI's line, asks the model for a summary, prints it
-//     and exits 0; the session id goes to stderr as "session_id: <id>";
-//   - subagent hooks fire only when the host's plugin is installed and enabled, and speak to
-//     the hook socket exactly as the plugin does (see subagent.go).
+//	  - its model endpoint comes from $HERMES_HOME/config.yaml only (model.provider, and the
+//	    providers block's base_url and key_env); OPENAI_BASE_URL and HERMES_MODEL are not read,
+//	    and a home without a provider fails the run as the real CLI does offline;
+//	  - it probes the endpoint at start-up and streams every completion (stream: true);
+//	  - it stores sessions and messages in $HERMES_HOME/state.db in the shape of the pinned
+//	    release (schema 22): the session stays open after the run, its title NULL, no system
+//	    message row (the prompt is on the session), ids like 20261203_141812_7c2bfe; a
+//	    failed run leaves the user message and no assistant row;
+//	  - at --max-turns it prints the real CLI's line, asks the model for a summary, prints it
+//	    and exits 0; the session id goes to stderr as "session_id: <id>";
+//	  - subagent hooks fire only when the host's plugin is installed and enabled, and speak to
+//	    the hook socket exactly as the plugin does (see subagent.go).
 //
 // The work it does is scripted against the job workspace it runs in (manifest.json,
 // checkpoint.json): it asks the gateway's model for each piece of work, shell-calls
@@ -73,7 +73,6 @@ type Knobs struct {
 	// Subagent has the agent delegate one child before its work.
 	Subagent *SubagentKnob `json:"subagent,omitempty"`
 }
-
 
 // Manifest is the part of the job manifest the agent reads.
 type Manifest struct {
