@@ -15,6 +15,7 @@ import (
 	"hermeshost/internal/testio"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
@@ -164,6 +165,27 @@ func TestGatewayDownMeansNoPollNoClaim(t *testing.T) {
 func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
 	f := newFixture(t, true)
 	f.cfg.ClaimEnabled = true
+	// acme has two authored skills more than the cap allows.
+	acme := filepath.Join(f.cfg.OrgsRoot, "acme")
+	usage := map[string]any{}
+	for i := range 4 {
+		name := fmt.Sprintf("skill-%d", i)
+		if err := os.MkdirAll(filepath.Join(acme, "skills", "research", name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(acme, "skills", "research", name, "SKILL.md"),
+			[]byte("---\nname: "+name+"\ndescription: a skill\n---\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		usage[name] = map[string]any{"use_count": 1, "last_used_at": fmt.Sprintf("2026-11-0%dT10:00:00+00:00", i+1)}
+	}
+	raw, _ := json.Marshal(usage)
+	if err := os.WriteFile(filepath.Join(acme, "skills", ".usage.json"), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "SKILLS_MAX_AUTHORED=2")
+	reg := prometheus.NewRegistry()
+	f.cfg.Registerer = reg
 	d := f.dispatcher(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
@@ -203,6 +225,39 @@ func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
 	if !strings.Contains(f.logs.String(), `"msg":"job outcome"`) {
 		t.Fatal("no outcome logged")
 	}
+	// Every home the chain ran an agent in names the gateway as its provider (the scripted
+	// agent refuses anything else), and the cap's work shows in the metric and the mirror.
+	for _, org := range backend.DemoOrganizations {
+		cfg, err := os.ReadFile(filepath.Join(f.cfg.OrgsRoot, org, "config.yaml"))
+		if err != nil || !strings.Contains(string(cfg), "base_url: "+f.cfg.GatewayURL+"/v1") ||
+			!strings.Contains(string(cfg), "key_env: HERMES_HOST_GATEWAY_KEY") {
+			t.Fatalf("%s's config.yaml: %v\n%s", org, err, cfg)
+		}
+	}
+	if got := counterValue(t, reg, "hermes_dispatch_skills_disabled_total"); got != 2 {
+		t.Fatalf("hermes_dispatch_skills_disabled_total = %v, want 2", got)
+	}
+	var disabled string
+	if err := f.db.QueryRow(ctx, `SELECT string_agg(x, ',' ORDER BY x) FROM mirror_job_events,
+		jsonb_array_elements_text(data->'skills_disabled') AS x WHERE kind = 'outcome'`).Scan(&disabled); err != nil || disabled != "skill-0,skill-1" {
+		t.Fatalf("skills disabled in the mirrored outcomes: %q %v", disabled, err)
+	}
+}
+
+// counterValue is the value of the one counter of that name the registry gathers.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
