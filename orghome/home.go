@@ -10,7 +10,7 @@
 //
 //	SOUL.md                           identity: a host-owned block plus a free section
 //	config.yaml                       Hermes settings; the cap writes skills.disabled only
-//	skills/<category>/<name>/SKILL.md authored skills (bundled ones stay in the image)
+//	skills/**/SKILL.md                authored skills at any depth (bundled ones stay in the image)
 //	memories/MEMORY.md, USER.md       the agent's memory, read-only for the host
 //	state.db                          sessions and messages (SQLite, WAL), read-only
 //	workspaces/<job-id>/              one folder per job, removed past the retention
