@@ -18,6 +18,8 @@ import (
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"hermeshost/orghome/hermesstate"
 )
 
 // ErrNoSessions says the home has no state.db yet: Hermes has not run there. It is a
@@ -160,7 +162,7 @@ func (s *StateDB) load(ctx context.Context) (*stateLayout, error) {
 			return nil, fmt.Errorf("state.db of org %s: messages has no %s column: not Hermes' layout", s.home.ID, need)
 		}
 	}
-	if l.tables, err = s.tableNames(ctx); err != nil {
+	if l.tables, err = hermesstate.Tables(ctx, s.db); err != nil {
 		return nil, err
 	}
 	l.visible = visibleRows(l.messages)
@@ -169,38 +171,9 @@ func (s *StateDB) load(ctx context.Context) (*stateLayout, error) {
 	return l, nil
 }
 
-func (s *StateDB) tableNames(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'table'")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	tables := map[string]bool{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		tables[name] = true
-	}
-	return tables, rows.Err()
-}
-
 func (s *StateDB) columns(ctx context.Context, table string) (map[string]bool, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT name FROM pragma_table_info(?)", table)
+	cols, err := hermesstate.Columns(ctx, s.db, table)
 	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	cols := map[string]bool{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		cols[name] = true
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	if len(cols) == 0 {

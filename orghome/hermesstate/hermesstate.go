@@ -164,45 +164,50 @@ func cachedLayout[T any](ctx context.Context, h *T, db Handle) (*layout, error) 
 func readLayout(ctx context.Context, db Handle) (*layout, error) {
 	l := &layout{tables: map[string]bool{}}
 	var err error
-	if l.sessions, err = columnSet(ctx, db, "sessions"); err != nil {
+	if l.sessions, err = Columns(ctx, db, "sessions"); err != nil {
 		return nil, err
 	}
-	if l.messages, err = columnSet(ctx, db, "messages"); err != nil {
+	if l.messages, err = Columns(ctx, db, "messages"); err != nil {
 		return nil, err
 	}
 	if len(l.sessions) == 0 || len(l.messages) == 0 {
 		return nil, errors.New("state.db has no sessions or messages table: create it with Create or CreateVersion")
 	}
-	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'`)
-	if err != nil {
-		return nil, fmt.Errorf("read state.db tables: %w", err)
+	if l.tables, err = Tables(ctx, db); err != nil {
+		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		l.tables[name] = true
-	}
-	return l, rows.Err()
+	return l, nil
 }
 
-func columnSet(ctx context.Context, db Handle, table string) (map[string]bool, error) {
-	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+// Columns is the set of a table's columns (PRAGMA table_info); empty for a missing table.
+// Hermes adds columns over releases, so readers and writers go by what is there.
+func Columns(ctx context.Context, db Handle, table string) (map[string]bool, error) {
+	return names(ctx, db, `SELECT name FROM pragma_table_info(?)`, table)
+}
+
+// Tables is the set of the database's tables.
+func Tables(ctx context.Context, db Handle) (map[string]bool, error) {
+	return names(ctx, db, `SELECT name FROM sqlite_master WHERE type = 'table'`)
+}
+
+func names(ctx context.Context, db Handle, query string, args ...any) (map[string]bool, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read %s columns: %w", table, err)
+		return nil, fmt.Errorf("read state.db layout: %w", err)
 	}
 	defer rows.Close()
-	cols := map[string]bool{}
+	set := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read state.db layout: %w", err)
 		}
-		cols[name] = true
+		set[name] = true
 	}
-	return cols, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read state.db layout: %w", err)
+	}
+	return set, nil
 }
 
 // row collects the columns of one INSERT, keeping those the table has.
