@@ -1,13 +1,15 @@
-// Package web assembles the operator UIs' servers: the chi router, sessions, the login
-// check, cross-origin protection, security headers and static files, around the handlers.
+// Package web assembles the operator UIs' servers around the handlers: the launcher
+// (launcher*.go: login sessions, the login check, cross-origin protection) and an org's
+// dashboard (dashboard.go: the launcher's assertion, the only thing it trusts). What both
+// use, the security headers, static files and the error page on a panic, is common.go.
 package web
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/alexedwards/scs/pgxstore"
@@ -18,7 +20,6 @@ import (
 	"hermeshost/handlers"
 	"hermeshost/operator"
 	"hermeshost/service"
-	"hermeshost/static"
 )
 
 // LauncherConfig is what the launcher needs. It holds Postgres (operators, grants,
@@ -64,34 +65,35 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	// pgxstore's own cleanup goroutine races its stop and logs outside slog; the launcher
 	// runs its own.
 	store := pgxstore.NewWithCleanupInterval(cfg.DB, 0)
-	sessions := scs.New()
-	sessions.Store = store
-	sessions.Lifetime = cfg.SessionLifetime
-	sessions.IdleTimeout = cfg.IdleTimeout
-	sessions.Cookie.Name = "hermes_launcher"
-	sessions.Cookie.HttpOnly = true
-	sessions.Cookie.SameSite = http.SameSiteLaxMode
-	sessions.Cookie.Secure = cfg.SecureCookie
-	sessions.ErrorFunc = func(w http.ResponseWriter, r *http.Request, err error) {
-		ops.Log.Error("launcher session store failed", "path", r.URL.Path, "err", err)
-		http.Error(w, "Something went wrong on the host; the error is in its log.", http.StatusInternalServerError)
+	pages := handlers.Pages{Log: ops.Log}
+	loginSessions := scs.New()
+	loginSessions.Store = store
+	loginSessions.Lifetime = cfg.SessionLifetime
+	loginSessions.IdleTimeout = cfg.IdleTimeout
+	loginSessions.Cookie.Name = "hermes_launcher"
+	loginSessions.Cookie.HttpOnly = true
+	loginSessions.Cookie.SameSite = http.SameSiteLaxMode
+	loginSessions.Cookie.Secure = cfg.SecureCookie
+	loginSessions.ErrorFunc = func(w http.ResponseWriter, r *http.Request, err error) {
+		pages.Failed(w, r, fmt.Errorf("login session store: %w", err))
 	}
-	h := &handlers.Launcher{Operators: cfg.Operators, Sessions: sessions, Log: ops.Log, RefreshSeconds: cfg.RefreshSeconds}
+	h := &handlers.Launcher{Pages: pages, Operators: cfg.Operators, LoginSessions: loginSessions, RefreshSeconds: cfg.RefreshSeconds}
 
 	r := ops.Router() // /healthz and /metrics come first; the launcher's routes are a group
+	r.NotFound(notFound(pages))
 	r.Group(func(r chi.Router) {
-		r.Use(securityHeaders)
-		r.Handle("/static/*", http.StripPrefix("/static", static.Handler()))
+		r.Use(SecurityHeaders, Recoverer(pages))
+		MountStatic(r, "")
 		// Browsers ask for it on every site; there is none, and saying so is no error.
 		r.Get("/favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 		r.Group(func(r chi.Router) {
 			// Every unsafe method must come from this origin (Sec-Fetch-Site, else Origin).
-			r.Use(http.NewCrossOriginProtection().Handler, sessions.LoadAndSave)
+			r.Use(http.NewCrossOriginProtection().Handler, loginSessions.LoadAndSave)
 			r.Get("/login", h.LoginPage)
 			r.Post("/login", h.Login)
 			r.Post("/logout", h.Logout)
 			r.Group(func(r chi.Router) {
-				r.Use(requireOperator(sessions, cfg.Operators, ops))
+				r.Use(requireOperator(loginSessions, cfg.Operators, pages))
 				r.Get("/", h.Index)
 				r.Get("/orgs", h.Orgs)
 			})
@@ -133,28 +135,13 @@ func (l *Launcher) Close() {
 	<-l.done
 }
 
-// securityHeaders keeps the pages to this origin's own scripts and styles, out of frames,
-// and out of caches.
-func securityHeaders(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "same-origin")
-		if !strings.HasPrefix(r.URL.Path, "/static/") {
-			h.Set("Cache-Control", "no-store")
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // requireOperator lets a request through only with a session of an operator who still
 // exists and is enabled, asked on every request so that a disable or a removal ends their
 // sessions at once. Others go to the login page (htmx requests are told to go there).
-func requireOperator(sessions *scs.SessionManager, ops *operator.Store, svc *service.Ops) func(http.Handler) http.Handler {
+func requireOperator(loginSessions *scs.SessionManager, ops *operator.Store, pages handlers.Pages) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			name := sessions.GetString(r.Context(), handlers.SessionOperator)
+			name := loginSessions.GetString(r.Context(), handlers.LoginSessionOperator)
 			if name != "" {
 				op, err := ops.Get(r.Context(), name)
 				switch {
@@ -162,22 +149,21 @@ func requireOperator(sessions *scs.SessionManager, ops *operator.Store, svc *ser
 					next.ServeHTTP(w, r.WithContext(handlers.WithOperator(r.Context(), op)))
 					return
 				case err != nil && !errors.Is(err, operator.ErrNotFound):
-					svc.Log.Error("launcher: read the session's operator", "operator", name, "err", err)
-					http.Error(w, "Something went wrong on the host; the error is in its log.", http.StatusInternalServerError)
+					pages.Failed(w, r, fmt.Errorf("read the login session's operator %s: %w", name, err))
 					return
 				}
-				// Removed or disabled since the login: the session ends here.
-				if err := sessions.Destroy(r.Context()); err != nil {
-					svc.Log.Error("launcher: end a session", "err", err)
+				// Removed or disabled since the login: the login session ends here.
+				if err := loginSessions.Destroy(r.Context()); err != nil {
+					pages.Log.Error("launcher: end a login session", "err", err)
 				}
 			}
-			login := "/login?next=" + url.QueryEscape(r.URL.RequestURI())
-			if r.Header.Get("HX-Request") == "true" {
+			if handlers.IsHTMX(r) {
+				// htmx would swap the login page into the org table: it is told to go there.
 				w.Header().Set("HX-Redirect", "/login")
 				w.WriteHeader(http.StatusUnauthorized)
 				return
 			}
-			http.Redirect(w, r, login, http.StatusSeeOther)
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 		})
 	}
 }

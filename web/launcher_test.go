@@ -133,6 +133,8 @@ func TestTheIndexNeedsALoginAndShowsOnlyGrantedOrgs(t *testing.T) {
 	body.Contains(`data-testid="org-acme"`).Contains(`data-testid="org-globex"`).NotContains("initech")
 	body.Contains(`hx-get="/orgs"`).Contains(`hx-trigger="every 5s"`).Contains(`src="/static/vendor/htmx.min.js"`)
 	body.Contains(`1 more on this host, not granted to you.`)
+	// Each org's name opens its dashboard, under the prefix the launcher proxies.
+	body.Contains(`<a href="/orgs/acme/" data-testid="open-acme">acme</a>`).Contains(`href="/orgs/globex/"`)
 	frag := e.GET("/orgs").WithHeader("HX-Request", "true").Expect().Status(http.StatusOK).Body()
 	frag.NotContains("<html").Contains(`id="orgs"`)
 	// acme: one running, one completed, one failed.

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"hermeshost/orghome"
 	"hermeshost/templates"
 )
 
@@ -12,10 +13,10 @@ func (h *Launcher) Index(w http.ResponseWriter, r *http.Request) {
 	op := OperatorFrom(r.Context())
 	orgs, err := h.orgs(r)
 	if err != nil {
-		h.failed(w, r, err)
+		h.Failed(w, r, err)
 		return
 	}
-	h.render(w, r, http.StatusOK, templates.IndexPage(templates.IndexView{Operator: op.Name, Orgs: orgs}))
+	h.Render(w, r, http.StatusOK, templates.IndexPage(templates.IndexView{Operator: op.Name, Orgs: orgs}))
 }
 
 func (h *Launcher) orgs(r *http.Request) (templates.OrgsView, error) {
@@ -29,10 +30,15 @@ func (h *Launcher) orgs(r *http.Request) (templates.OrgsView, error) {
 		if e.LastActivityAt != nil {
 			last = e.LastActivityAt.UTC().Format(time.DateTime) + " UTC"
 		}
-		v.Rows = append(v.Rows, templates.OrgRow{
+		row := templates.OrgRow{
 			Org: e.Org, Queued: e.Queued, Running: e.Running, Completed: e.Completed, Failed: e.Failed,
 			LiveSubagents: e.LiveSubagents, LastActivity: last,
-		})
+		}
+		// Only an id that can be an org's has a dashboard to link to.
+		if orghome.ValidID(e.Org) == nil {
+			row.Dashboard = templates.DashboardHome(e.Org)
+		}
+		v.Rows = append(v.Rows, row)
 	}
 	return v, nil
 }

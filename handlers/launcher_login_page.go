@@ -8,11 +8,11 @@ import (
 
 // LoginPage is GET /login: the form, or the index for an operator already logged in.
 func (h *Launcher) LoginPage(w http.ResponseWriter, r *http.Request) {
-	if h.Sessions.GetString(r.Context(), SessionOperator) != "" {
-		http.Redirect(w, r, "/", http.StatusSeeOther)
+	if h.LoginSessions.GetString(r.Context(), LoginSessionOperator) != "" {
+		Redirect(w, r, "/")
 		return
 	}
-	h.render(w, r, http.StatusOK, templates.LoginPage(templates.LoginView{Next: LocalPath(r.URL.Query().Get("next"))}))
+	h.Render(w, r, http.StatusOK, templates.LoginPage(templates.LoginView{Next: LocalPath(r.URL.Query().Get("next"))}))
 }
 
 // LocalPath is p when it is a path on this host, else "/": a next= parameter never sends

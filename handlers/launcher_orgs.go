@@ -11,8 +11,8 @@ import (
 func (h *Launcher) Orgs(w http.ResponseWriter, r *http.Request) {
 	v, err := h.orgs(r)
 	if err != nil {
-		h.failed(w, r, err)
+		h.Failed(w, r, err)
 		return
 	}
-	h.render(w, r, http.StatusOK, templates.Orgs(v))
+	h.Render(w, r, http.StatusOK, templates.Orgs(v))
 }

@@ -18,7 +18,7 @@ const maxLoginForm = 8 << 10
 func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
 	if err := r.ParseForm(); err != nil {
-		h.render(w, r, http.StatusBadRequest, templates.LoginPage(templates.LoginView{Error: "The form could not be read; try again."}))
+		h.Render(w, r, http.StatusBadRequest, templates.LoginPage(templates.LoginView{Error: "The form could not be read; try again."}))
 		return
 	}
 	name, password, next := r.PostForm.Get("name"), r.PostForm.Get("password"), LocalPath(r.PostForm.Get("next"))
@@ -28,24 +28,24 @@ func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
 		h.Log.Warn("login throttled", "operator", name, "remote", r.RemoteAddr, "until", throttled.Until)
 		wait := max(time.Until(throttled.Until), time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second).Seconds())))
-		h.render(w, r, http.StatusTooManyRequests, templates.LoginPage(templates.LoginView{Name: name, Next: next,
+		h.Render(w, r, http.StatusTooManyRequests, templates.LoginPage(templates.LoginView{Name: name, Next: next,
 			Error: "Too many failed logins for this name. Try again after " + throttled.Until.UTC().Format("15:04 UTC") + "."}))
 		return
 	}
 	if errors.Is(err, operator.ErrBadLogin) {
 		h.Log.Info("login refused", "operator", name, "remote", r.RemoteAddr)
-		h.render(w, r, http.StatusUnauthorized, templates.LoginPage(templates.LoginView{Name: name, Next: next, Error: "Wrong name or password."}))
+		h.Render(w, r, http.StatusUnauthorized, templates.LoginPage(templates.LoginView{Name: name, Next: next, Error: "Wrong name or password."}))
 		return
 	}
 	if err != nil {
-		h.failed(w, r, err)
+		h.Failed(w, r, err)
 		return
 	}
-	if err := h.Sessions.RenewToken(r.Context()); err != nil {
-		h.failed(w, r, err)
+	if err := h.LoginSessions.RenewToken(r.Context()); err != nil {
+		h.Failed(w, r, err)
 		return
 	}
-	h.Sessions.Put(r.Context(), SessionOperator, op.Name)
+	h.LoginSessions.Put(r.Context(), LoginSessionOperator, op.Name)
 	h.Log.Info("operator logged in", "operator", op.Name, "remote", r.RemoteAddr)
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	Redirect(w, r, next)
 }
