@@ -45,6 +45,7 @@ func TestRequestsWithoutAValidKeyAreRefusedAlike(t *testing.T) {
 				e.GET("/v1/jobs").Expect(),
 				e.GET("/v1/jobs/job-a1").Expect(),
 				e.GET("/v1/leases/home:acme").Expect(),
+				e.GET("/v1/leases").Expect(),
 				e.POST("/v1/leases/acquire").WithJSON(map[string]any{"key": "home:acme", "holder": "w", "ttl_ms": 60000}).Expect(),
 			} {
 				r.Status(http.StatusUnauthorized).

@@ -46,7 +46,7 @@ func NewClient(baseURL, key string, hc *http.Client) (*Client, error) {
 
 // APIError is an answer of the API other than success.
 type APIError struct {
-	Op      string // jobs, job, acquire, refresh, release, holder, or a subagent call
+	Op      string // jobs, job, acquire, refresh, release, holder, leases, or a subagent call
 	Status  int
 	Code    string // the API's error code (CodeHeld, CodeLost, ...)
 	Message string
@@ -151,6 +151,28 @@ func (c *Client) Holder(ctx context.Context, key string) (LeaseInfo, error) {
 	var info LeaseInfo
 	err := c.do(ctx, "holder", http.MethodGet, "/v1/leases/"+url.PathEscape(key), nil, nil, &info)
 	return info, err
+}
+
+// LeaseQuery asks for the org's leases: Held keeps only those held now; Limit 0 is the
+// server's default.
+type LeaseQuery struct {
+	Held  bool
+	Limit int
+}
+
+// Leases lists the org's own home: and session: leases, held ones first, then the most
+// recently changed.
+func (c *Client) Leases(ctx context.Context, q LeaseQuery) (LeaseList, error) {
+	v := url.Values{}
+	if q.Held {
+		v.Set("held", "true")
+	}
+	if q.Limit != 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var l LeaseList
+	err := c.do(ctx, "leases", http.MethodGet, "/v1/leases", v, nil, &l)
+	return l, err
 }
 
 func ceilMillis(d time.Duration) int64 {

@@ -7,6 +7,8 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -244,4 +246,93 @@ func (s *Server) leaseShow(w http.ResponseWriter, r *http.Request) {
 			Held:  info.Held(time.Now()),
 		})
 	}
+}
+
+// Bounds of GET /v1/leases?limit=.
+const (
+	DefaultLeasesLimit = 100
+	MaxLeasesLimit     = 500
+)
+
+// LeaseList is GET /v1/leases: the caller's own home: lease and session: leases, keys in
+// the caller's form; held ones first, then the most recently changed. Truncated says more
+// were left out.
+type LeaseList struct {
+	Leases    []LeaseInfo `json:"leases"`
+	Truncated bool        `json:"truncated"`
+}
+
+// leaseList is GET /v1/leases?held=true&limit=N: the leases a key of this org reaches, and
+// no other: home:<org> (looked up by its exact key, so home:<org>-2 is not listed) and the
+// session:<org>.<id> rows (the dot ends the org id, which has none). org: leases and every
+// other org's stay out of it.
+func (s *Server) leaseList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := DefaultLeasesLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxLeasesLimit {
+			badRequest(w, "limit must be an integer from 1 to %d", MaxLeasesLimit)
+			return
+		}
+		limit = n
+	}
+	heldOnly := false
+	switch v := q.Get("held"); v {
+	case "", "false":
+	case "true":
+		heldOnly = true
+	default:
+		badRequest(w, "held must be true or false")
+		return
+	}
+	org := orgOf(r)
+	var infos []lease.Info
+	home, err := s.cfg.Leases.Holder(r.Context(), "home:"+org)
+	switch {
+	case err == nil:
+		infos = append(infos, home)
+	case !errors.Is(err, lease.ErrUnknownKey):
+		s.internal(w, r, err)
+		return
+	}
+	sessionPrefix := "session:" + org + "."
+	sessions, err := s.cfg.Leases.List(r.Context(), sessionPrefix)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	infos = append(infos, sessions...)
+	now := time.Now()
+	out := LeaseList{Leases: []LeaseInfo{}}
+	changed := make(map[string]time.Time, len(infos))
+	for _, i := range infos {
+		held := i.Held(now)
+		if heldOnly && !held {
+			continue
+		}
+		key := i.Key
+		if id, ok := strings.CutPrefix(key, sessionPrefix); ok {
+			key = "session:" + id
+		}
+		out.Leases = append(out.Leases, LeaseInfo{
+			Lease: Lease{Key: key, Holder: i.Holder, Epoch: i.Epoch, AcquiredAt: i.AcquiredAt, ExpiresAt: i.ExpiresAt},
+			Held:  held,
+		})
+		changed[key] = i.UpdatedAt
+	}
+	sort.SliceStable(out.Leases, func(a, b int) bool {
+		la, lb := out.Leases[a], out.Leases[b]
+		if la.Held != lb.Held {
+			return la.Held
+		}
+		if ca, cb := changed[la.Key], changed[lb.Key]; !ca.Equal(cb) {
+			return ca.After(cb)
+		}
+		return la.Key < lb.Key
+	})
+	if len(out.Leases) > limit {
+		out.Leases, out.Truncated = out.Leases[:limit], true
+	}
+	writeJSON(w, http.StatusOK, out)
 }

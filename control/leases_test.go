@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,5 +178,96 @@ func TestWaitingAcquireThatTimesOutSaysWhoHolds(t *testing.T) {
 		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "held").HasValue("holder", "first").HasValue("epoch", 1)
 	if d := time.Since(start); d < 200*time.Millisecond {
 		t.Fatalf("answered after %s, before the wait was over", d)
+	}
+}
+
+// The lease list is the caller's own home: and session: leases and nothing else: not another
+// org's (whose home key shares a prefix with this one's, and whose sessions have the same
+// ids), nor any org: lease.
+func TestLeaseListShowsOnlyTheCallersOwnHomeAndSessionLeases(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a, b := f.as(orgA), f.as(orgB)
+	a.GET("/v1/leases").Expect().Status(http.StatusOK).JSON().Object().
+		IsEqual(map[string]any{"leases": []any{}, "truncated": false})
+
+	for _, take := range []struct {
+		e      *httpexpect.Expect
+		key    string
+		holder string
+	}{
+		{a, "home:acme", "worker-a"},
+		{a, "session:chat-1", "turn-a1"},
+		{a, "session:chat-2", "turn-a2"},
+		{b, "home:globex", "worker-b"},
+		{b, "session:chat-1", "turn-b1"},
+	} {
+		take.e.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": take.key, "holder": take.holder, "ttl_ms": 60000}).
+			Expect().Status(http.StatusOK)
+	}
+	// Stored keys another org's listing must not pick up: a home whose id starts with
+	// acme's, a session of that org, and the dispatcher's ownership leases.
+	for _, key := range []string{"home:acme-2", "session:acme-2.chat-9", "org:acme", "org:globex"} {
+		if _, err := f.leases.TryAcquire(ctx, key, "someone-else", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// chat-2 is released: still listed (its epoch stays), not held.
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:chat-2", "holder": "turn-a2", "epoch": 1}).
+		Expect().Status(http.StatusNoContent)
+	before := f.snapshot()
+
+	var all LeaseList
+	a.GET("/v1/leases").Expect().Status(http.StatusOK).JSON().Decode(&all)
+	got := map[string]LeaseInfo{}
+	for _, l := range all.Leases {
+		got[l.Key] = l
+	}
+	if len(all.Leases) != 3 || all.Truncated {
+		t.Fatalf("acme's leases: %+v", all)
+	}
+	if h := got["home:acme"]; !h.Held || h.Holder != "worker-a" || h.Epoch != 1 || h.ExpiresAt.IsZero() {
+		t.Fatalf("home:acme: %+v", h)
+	}
+	if s := got["session:chat-1"]; !s.Held || s.Holder != "turn-a1" {
+		t.Fatalf("session:chat-1 of acme: %+v", s)
+	}
+	if s := got["session:chat-2"]; s.Held || s.Holder != "" || s.Epoch != 1 {
+		t.Fatalf("released session:chat-2: %+v", s)
+	}
+	// Held ones come first.
+	if all.Leases[2].Key != "session:chat-2" {
+		t.Fatalf("order: %+v", all.Leases)
+	}
+	body := a.GET("/v1/leases").Expect().Body().Raw()
+	for _, leak := range []string{"globex", "acme-2", "org:", "someone-else", "turn-b1", "session:acme."} {
+		if strings.Contains(body, leak) {
+			t.Errorf("acme's lease list holds %q: %s", leak, body)
+		}
+	}
+
+	var held LeaseList
+	a.GET("/v1/leases").WithQuery("held", "true").Expect().Status(http.StatusOK).JSON().Decode(&held)
+	if len(held.Leases) != 2 || !held.Leases[0].Held || !held.Leases[1].Held {
+		t.Fatalf("held leases: %+v", held)
+	}
+	a.GET("/v1/leases").WithQuery("limit", 1).Expect().Status(http.StatusOK).JSON().Object().
+		HasValue("truncated", true).Value("leases").Array().Length().IsEqual(1)
+	b.GET("/v1/leases").Expect().Status(http.StatusOK).JSON().Object().Value("leases").Array().Length().IsEqual(2)
+	for _, bad := range []map[string]any{{"limit": 0}, {"limit": MaxLeasesLimit + 1}, {"limit": "x"}, {"held": "yes"}} {
+		req := a.GET("/v1/leases")
+		for k, v := range bad {
+			req = req.WithQuery(k, v)
+		}
+		req.Expect().Status(http.StatusBadRequest).JSON().Object().HasValue("error", "invalid")
+	}
+	if after := f.snapshot(); after != before {
+		t.Fatalf("listing wrote:\n%s\nthen\n%s", before, after)
+	}
+
+	// The client reads the same.
+	list, err := f.client(f.key(orgA)).Leases(ctx, LeaseQuery{Held: true, Limit: 5})
+	if err != nil || len(list.Leases) != 2 || list.Truncated {
+		t.Fatalf("client: %+v %v", list, err)
 	}
 }

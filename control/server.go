@@ -116,6 +116,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/leases/acquire", s.leaseAcquire)
 		r.Post("/v1/leases/refresh", s.leaseRefresh)
 		r.Post("/v1/leases/release", s.leaseRelease)
+		r.Get("/v1/leases", s.leaseList)
 		r.Get("/v1/leases/{key}", s.leaseShow)
 		r.Post("/v1/subagents", s.subagentStart)
 		r.Get("/v1/subagents", s.subagentList)
