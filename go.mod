@@ -3,6 +3,7 @@ module hermeshost
 go 1.26.0
 
 require (
+	github.com/PuerkitoBio/goquery v1.14.0
 	github.com/a-h/templ v0.3.1118
 	github.com/alexedwards/scs/pgxstore v0.0.0-20240316134038-7e11d57e8885
 	github.com/alexedwards/scs/v2 v2.9.0
@@ -22,6 +23,7 @@ require (
 
 require (
 	github.com/a-h/parse v0.0.42 // indirect
+	github.com/andybalholm/cascadia v1.3.5 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cli/browser v1.3.0 // indirect
 	github.com/containerd/log v0.2.0 // indirect

@@ -24,14 +24,15 @@ func SecurityHeaders(next http.Handler) http.Handler {
 	})
 }
 
-// setSecurityHeaders sets the policy, no sniffing, the referrer policy and, for anything
-// but a static file (which sets its own cache lifetime), no caching: pages hold an org's
-// data. The launcher's proxy sets the same on what it passes on from a dashboard.
+// setSecurityHeaders sets the policy, no sniffing, the referrer policy and no caching:
+// pages hold an org's data. Only a static file keeps a cache lifetime of its own (the
+// static handler replaces no-store with it). The launcher's proxy sets the same on what it
+// passes on from a dashboard, after the fact.
 func setSecurityHeaders(h http.Header, path string) {
 	h.Set("Content-Security-Policy", ContentSecurityPolicy)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
-	if !isStaticPath(path) {
+	if !isStaticPath(path) || h.Get("Cache-Control") == "" {
 		h.Set("Cache-Control", "no-store")
 	}
 }
@@ -76,9 +77,10 @@ func Recoverer(pages handlers.Pages) func(http.Handler) http.Handler {
 	}
 }
 
-// notFound is the UI's 404 for routes it does not have, on its error page.
+// notFound is the UI's 404 for routes it does not have, on its error page with the same
+// headers as every other page.
 func notFound(pages handlers.Pages) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+	return SecurityHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pages.NotFound(w, r, "There is no page at this address.")
-	}
+	})).ServeHTTP
 }

@@ -1,0 +1,99 @@
+package handlers
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+
+	"hermeshost/orghome"
+	"hermeshost/templates"
+)
+
+// Folding of long message content: past foldAfter characters a message shows its first
+// previewChars and folds the rest.
+const (
+	foldAfter    = 1500
+	previewChars = 280
+)
+
+// HermesTranscript is GET <prefix>/sessions/{id}: one Hermes session's messages in the
+// order Hermes wrote them, without the rows Hermes hides, tool calls and results folded.
+// The system prompt is shown, folded, only with ?system=1. The id is looked up in this
+// org's own state.db, the only one the dashboard opens: another org's session is not found.
+func (h *Dashboard) HermesTranscript(w http.ResponseWriter, r *http.Request) {
+	id, err := url.PathUnescape(chi.URLParam(r, "id"))
+	if err != nil || id == "" {
+		h.NotFound(w, r, "There is no Hermes session at this address.")
+		return
+	}
+	st, err := h.Home.OpenState()
+	if errors.Is(err, orghome.ErrNoSessions) {
+		h.NotFound(w, r, "This organization has no Hermes sessions yet: its home has no state.db.")
+		return
+	}
+	if err != nil {
+		h.Failed(w, r, err)
+		return
+	}
+	defer st.Close()
+	t, err := st.Transcript(r.Context(), id)
+	switch {
+	case errors.Is(err, orghome.ErrSessionNotFound), errors.Is(err, orghome.ErrNoSessions):
+		h.NotFound(w, r, "This organization has no Hermes session "+id+".")
+		return
+	case err != nil:
+		h.Failed(w, r, err)
+		return
+	}
+	v := templates.TranscriptView{Frame: h.frame(r.Context(), templates.NavSessions), Busy: t.Status == orghome.StatusBusy}
+	if v.Busy {
+		h.Render(w, r, http.StatusOK, templates.DashboardTranscript(v))
+		return
+	}
+	path := "/sessions/" + url.PathEscape(id)
+	v.Session = h.hermesSessionRow(t.Session, nil)
+	v.Session.Kind = ""
+	v.Omitted = t.Omitted
+	v.SystemChars = utf8.RuneCountInString(t.SystemPrompt)
+	v.ShowSystem = r.URL.Query().Get("system") == "1"
+	if v.ShowSystem {
+		v.SystemPrompt = t.SystemPrompt
+	}
+	v.ShowSystemLink = h.Paths().PageWith(path, url.Values{"system": {"1"}})
+	v.HideSystemLink = h.Paths().Page(path)
+	for _, m := range t.Messages {
+		v.Messages = append(v.Messages, transcriptMessage(m))
+	}
+	h.Render(w, r, http.StatusOK, templates.DashboardTranscript(v))
+}
+
+func transcriptMessage(m orghome.Message) templates.TranscriptMessage {
+	out := templates.TranscriptMessage{
+		ID: m.ID, Role: m.Role, Time: shownTime(m.Timestamp), Content: m.Content,
+		Chars: utf8.RuneCountInString(m.Content), ToolName: m.ToolName,
+	}
+	if m.Role != "tool" && out.Chars > foldAfter {
+		out.Long = true
+		out.Preview = string([]rune(m.Content)[:previewChars])
+	}
+	for _, c := range m.ToolCalls {
+		out.ToolCalls = append(out.ToolCalls, templates.ToolCallView{
+			Name: c.Name, Arguments: indentJSON(c.Arguments), Chars: utf8.RuneCountInString(c.Arguments),
+		})
+	}
+	return out
+}
+
+// indentJSON is s indented when it is JSON (tool arguments usually are), else s as it is.
+func indentJSON(s string) string {
+	var buf bytes.Buffer
+	if json.Indent(&buf, []byte(s), "", "  ") != nil {
+		return s
+	}
+	return buf.String()
+}

@@ -1,0 +1,224 @@
+package templates
+
+import "github.com/a-h/templ"
+
+// DashboardFrame is what every dashboard page's frame shows: whose dashboard, who is
+// looking (from the launcher's assertion), and which page of the navigation is open.
+type DashboardFrame struct {
+	Paths    Paths
+	Org      string
+	Operator string
+	Active   string // one of the Nav* names
+}
+
+// The pages of the dashboard's navigation.
+const (
+	NavOverview = "overview"
+	NavSessions = "sessions"
+	NavMemory   = "memory"
+	NavSkills   = "skills"
+)
+
+// OverviewView is the dashboard's first page: who the agent is, what runs, who holds the
+// home. Each part carries its own error, so one source that fails leaves the rest shown.
+type OverviewView struct {
+	Frame    DashboardFrame
+	Identity IdentityView
+	Jobs     JobsView
+	Leases   LeasesView
+	Gateway  GatewayView
+}
+
+// IdentityView is SOUL.md: the host's generated block and the free section.
+type IdentityView struct {
+	Error          string // SOUL.md could not be read
+	Exists         bool
+	Version        int // of the generated block; 0 without one
+	CurrentVersion int // the version this host writes
+	Intact         bool
+	Problem        string // what the next agent start puts right
+	Block          string
+	Free           string
+}
+
+// JobsView is the org's jobs from the control API's job mirror.
+type JobsView struct {
+	Error   string // the control API did not answer
+	Current []JobRow
+	Recent  []JobRow
+}
+
+// JobRow is one mirrored job.
+type JobRow struct {
+	ID      string
+	Type    string
+	Status  string
+	Attempt int
+	Error   string
+	Updated string
+}
+
+// LeasesView is the org's held leases (home: and session:) from the control API.
+type LeasesView struct {
+	Error     string
+	Rows      []LeaseRow
+	Truncated bool
+}
+
+// LeaseRow is one held lease.
+type LeaseRow struct {
+	Key    string
+	Holder string
+	Epoch  int64
+	Since  string
+	Until  string
+}
+
+// GatewayView is whether the model gateway answers /v1/models with the org's key, which
+// the dashboard's chat will use.
+type GatewayView struct {
+	Error  string
+	Models []string
+}
+
+// HermesSessionsView is one page of the org's Hermes sessions (state.db), newest first.
+type HermesSessionsView struct {
+	Frame DashboardFrame
+	Query string // the search as typed
+	// NoState says the home has no state.db: Hermes has not run there yet.
+	NoState bool
+	Busy    bool // state.db could not answer in time
+	Groups  []HermesSessionGroup
+	// Newer says this page is not the first; First is the link back to the newest.
+	Newer bool
+	First templ.SafeURL
+	Next  templ.SafeURL // the next (older) page; empty on the last
+}
+
+// HermesSessionGroup is a session and, under it, its subagent and compression children
+// found on the same page.
+type HermesSessionGroup struct {
+	Session  HermesSessionRow
+	Children []HermesSessionRow
+}
+
+// HermesSessionRow is one Hermes session as the list and the transcript's head show it.
+type HermesSessionRow struct {
+	ID    string
+	Link  templ.SafeURL
+	Title string // "" for an untitled session (every tool session)
+	// Kind is "subagent" or "compression continuation" for a child whose parent is on the
+	// page, "child" for one whose parent is not; empty for a top-level session.
+	Kind       string
+	Depth      int // below its group's session, 1 for a direct child
+	ParentID   string
+	ParentLink templ.SafeURL
+	Source     string
+	Model      string
+	Started    string
+	Ended      string // "open" while Hermes keeps it open
+	EndReason  string
+	Messages   int
+	Tokens     string // "—" when Hermes kept no counters
+	TokensIn   string
+	TokensOut  string
+	Cost       string // "—" when unpriced
+}
+
+// TranscriptView is one Hermes session's messages as a person reads them.
+type TranscriptView struct {
+	Frame    DashboardFrame
+	Busy     bool
+	Session  HermesSessionRow
+	Messages []TranscriptMessage
+	// Omitted counts the rows Hermes keeps but does not show (taken back, compacted away,
+	// hidden scaffolding), which are left out.
+	Omitted int
+	// SystemChars is the system prompt's length; it is shown (folded) only when asked
+	// for, through ShowSystemLink.
+	SystemChars    int
+	ShowSystem     bool
+	SystemPrompt   string
+	ShowSystemLink templ.SafeURL
+	HideSystemLink templ.SafeURL
+}
+
+// TranscriptMessage is one message: long content folded after Preview, tool calls and
+// tool results shown compactly and folded.
+type TranscriptMessage struct {
+	ID        int64
+	Role      string
+	Time      string
+	Content   string
+	Long      bool   // Content is folded; Preview is its start
+	Preview   string // set when Long
+	Chars     int
+	ToolCalls []ToolCallView
+	ToolName  string // for a tool result, the tool that answered
+}
+
+// ToolCallView is one tool call of an assistant message.
+type ToolCallView struct {
+	Name      string
+	Arguments string // indented when it is JSON
+	Chars     int
+}
+
+// MemoryView is the agent's memory files, read-only.
+type MemoryView struct {
+	Frame DashboardFrame
+	Error string
+	Files []MemoryFileView
+}
+
+// MemoryFileView is MEMORY.md or USER.md with its fill against Hermes' limit.
+type MemoryFileView struct {
+	Name    string
+	Purpose string
+	Exists  bool
+	Entries []string
+	Chars   int
+	Limit   int
+	Percent int
+	Over    bool
+}
+
+// SkillsView is the org's skills, authored and bundled, and what is wrong with them.
+type SkillsView struct {
+	Frame DashboardFrame
+	Error string // the skills could not be read (config.yaml that does not parse, ...)
+	// UsageNote says why last use is not shown (state.db busy); empty when it is.
+	UsageNote       string
+	Skills          []SkillRow
+	Broken          []BrokenSkillRow
+	Duplicates      []DuplicateSkillRow
+	Authored        int
+	AuthoredEnabled int
+	Max             int // SKILLS_MAX_AUTHORED; 0 when not known here
+	BundledDir      string
+}
+
+// SkillRow is one skill.
+type SkillRow struct {
+	Name        string
+	Description string
+	Category    string
+	Dir         string
+	Source      string // authored, hub, seeded or bundled
+	Disabled    bool
+	LastUsed    string // "—" when nothing recorded it
+	LastUsedBy  string // where the last use was read from
+}
+
+// BrokenSkillRow is a skill folder Hermes would not load, and why.
+type BrokenSkillRow struct {
+	Dir     string
+	Bundled bool
+	Reason  string
+}
+
+// DuplicateSkillRow is a skill name more than one folder claims.
+type DuplicateSkillRow struct {
+	Name string
+	Dirs []string
+}
