@@ -19,6 +19,7 @@ func root() *cli.Command {
 		Subcommands: []*cli.Command{
 			devCommand(),
 			backendCommand(),
+			dashboardCommand(),
 			dispatcherCommand(),
 			gatewayCommand(),
 			imagesCommand(),

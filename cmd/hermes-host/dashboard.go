@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"hermeshost/cli"
+	"hermeshost/config"
+	"hermeshost/control"
+	"hermeshost/orghome"
+	"hermeshost/service"
+	"hermeshost/web"
+)
+
+// dashboardSecrets are what the dispatcher hands a dashboard on stdin, and nothing else
+// reaches it by: the org's control-API key, its gateway key, and its assertion key.
+type dashboardSecrets struct {
+	controlURL   string
+	controlKey   service.Secret
+	gatewayURL   string
+	gatewayKey   service.Secret
+	assertionKey service.Secret
+}
+
+// maxSecretsInput bounds what is read of stdin: five lines.
+const maxSecretsInput = 64 << 10
+
+var secretKeyPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+
+// readDashboardSecrets reads stdin to its end: exactly the KEY=VALUE lines the dispatcher
+// writes (blank lines aside), each once. An error names the key or the line, never a
+// value.
+func readDashboardSecrets(r io.Reader) (dashboardSecrets, error) {
+	raw, err := io.ReadAll(io.LimitReader(r, maxSecretsInput+1))
+	if err != nil {
+		return dashboardSecrets{}, fmt.Errorf("read the secrets on stdin: %w", err)
+	}
+	if len(raw) > maxSecretsInput {
+		return dashboardSecrets{}, fmt.Errorf("the secrets on stdin are over %d bytes", maxSecretsInput)
+	}
+	var s dashboardSecrets
+	fields := map[string]func(string){
+		"CONTROL_URL":             func(v string) { s.controlURL = v },
+		"CONTROL_KEY":             func(v string) { s.controlKey = service.Secret(v) },
+		"GATEWAY_URL":             func(v string) { s.gatewayURL = v },
+		"GATEWAY_KEY":             func(v string) { s.gatewayKey = service.Secret(v) },
+		"DASHBOARD_ASSERTION_KEY": func(v string) { s.assertionKey = service.Secret(v) },
+	}
+	seen := map[string]bool{}
+	lines := bufio.NewScanner(bytes.NewReader(raw))
+	lines.Buffer(make([]byte, 0, 4096), maxSecretsInput)
+	for n := 1; lines.Scan(); n++ {
+		line := strings.TrimSuffix(lines.Text(), "\r")
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok || !secretKeyPattern.MatchString(key) {
+			return dashboardSecrets{}, fmt.Errorf("stdin line %d is not a KEY=VALUE line", n)
+		}
+		set, known := fields[key]
+		switch {
+		case !known:
+			return dashboardSecrets{}, fmt.Errorf("stdin line %d: unknown key %s", n, key)
+		case seen[key]:
+			return dashboardSecrets{}, fmt.Errorf("stdin line %d: %s is given twice", n, key)
+		case value == "":
+			return dashboardSecrets{}, fmt.Errorf("stdin line %d: %s is empty", n, key)
+		}
+		seen[key] = true
+		set(value)
+	}
+	if err := lines.Err(); err != nil {
+		return dashboardSecrets{}, fmt.Errorf("read the secrets on stdin: %w", err)
+	}
+	for _, key := range []string{"CONTROL_URL", "CONTROL_KEY", "GATEWAY_URL", "GATEWAY_KEY", "DASHBOARD_ASSERTION_KEY"} {
+		if !seen[key] {
+			return dashboardSecrets{}, fmt.Errorf("stdin: %s is missing", key)
+		}
+	}
+	if u, err := url.Parse(s.gatewayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return dashboardSecrets{}, errors.New("stdin: GATEWAY_URL is not an http(s) URL")
+	}
+	return s, nil
+}
+
+type dashboardSettings struct {
+	org, prefix string
+	home        string
+	bundled     string
+	skillsMax   int
+	grace       time.Duration
+	secrets     dashboardSecrets
+}
+
+// runDashboard opens the org's home and listens; the caller serves.
+func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.Server, func(), error) {
+	// Both keys name their org (control.Key, gateway.OrgKey): keys handed for another org
+	// are a mistake to stop at, not to serve with.
+	if !strings.HasPrefix(s.secrets.controlKey.Reveal(), "hck_"+s.org+"_") {
+		return nil, nil, fmt.Errorf("stdin: CONTROL_KEY is not a control key of org %s", s.org)
+	}
+	if !strings.HasPrefix(s.secrets.gatewayKey.Reveal(), "hgw_"+s.org+"_") {
+		return nil, nil, fmt.Errorf("stdin: GATEWAY_KEY is not a gateway key of org %s", s.org)
+	}
+	home, err := orghome.OpenHome(s.org, s.home)
+	if err != nil {
+		return nil, nil, err
+	}
+	home.Log = ops.Log
+	bundled, err := orghome.ReadBundled(s.bundled)
+	if err != nil {
+		home.Close()
+		return nil, nil, err
+	}
+	client, err := control.NewClient(s.secrets.controlURL, s.secrets.controlKey.Reveal(), &http.Client{Timeout: 10 * time.Second})
+	if err != nil {
+		home.Close()
+		return nil, nil, fmt.Errorf("stdin: CONTROL_URL or CONTROL_KEY: %w", err)
+	}
+	h, err := web.NewDashboard(ops, web.DashboardConfig{
+		Org: s.org, Home: home, Bundled: bundled, SkillsMax: s.skillsMax,
+		AssertionKey: s.secrets.assertionKey, Control: client,
+		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey,
+		HTTPClient: &http.Client{Timeout: 10 * time.Second}, Prefix: s.prefix,
+	})
+	if err != nil {
+		home.Close()
+		return nil, nil, err
+	}
+	srv, err := service.Listen("dashboard", addr, h, ops.Log, s.grace)
+	if err != nil {
+		home.Close()
+		return nil, nil, err
+	}
+	return srv, func() { home.Close() }, nil
+}
+
+func dashboardCommand() *cli.Command {
+	return &cli.Command{
+		Name: "dashboard",
+		Summary: "serve one org's dashboard (--org ID) under its prefix: its home is HERMES_HOME; its keys (CONTROL_URL, " +
+			"CONTROL_KEY, GATEWAY_URL, GATEWAY_KEY, DASHBOARD_ASSERTION_KEY) come as KEY=VALUE lines on stdin, read to its end before serving",
+		Env: append([]config.Var{config.HermesHome, config.HermesBundledSkills, config.SkillsMaxAuthored}, serverEnv...),
+		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			org := fs.String("org", "", "the organization whose dashboard this is (required)")
+			addr := fs.String("addr", "127.0.0.1:8094", "listen address (port 0 picks one)")
+			prefix := fs.String("prefix", "", "the path the pages are served under, as the launcher proxies them (default /orgs/ORG)")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return cli.Usagef("dashboard takes no arguments: its keys come on stdin")
+				}
+				if err := orghome.ValidID(*org); err != nil {
+					return cli.Usagef("--org: %v", err)
+				}
+				// The keys are kept in memory only: our /proc/<pid>/mem and environ stay
+				// unreadable to a process of the same user (an agent beside us).
+				if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+					return fmt.Errorf("make the dashboard undumpable: %w", err)
+				}
+				s := dashboardSettings{org: *org, prefix: *prefix}
+				log, err := startup("dashboard", func(e *config.Env) {
+					s.home = e.Required(config.HermesHome)
+					s.bundled = e.String(config.HermesBundledSkills)
+					s.skillsMax = e.Int(config.SkillsMaxAuthored)
+					s.grace = grace(e)
+				})
+				if err != nil {
+					return err
+				}
+				if s.secrets, err = readDashboardSecrets(os.Stdin); err != nil {
+					return err
+				}
+				srv, closeAll, err := runDashboard(service.NewOps(log.With("org", *org)), s, *addr)
+				if err != nil {
+					return err
+				}
+				defer closeAll()
+				return srv.Serve(ctx)
+			}
+		},
+	}
+}
