@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"hermeshost/dashboards"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
 	"hermeshost/lease"
@@ -71,6 +72,21 @@ type Config struct {
 	ControlURL string
 	ControlKey func(org string) (string, error)
 
+	// Dashboards is the store of dashboard requests that RunDashboards serves; nil: none.
+	Dashboards *dashboards.Store
+	// DashboardSecret derives each org's assertion key (assertion.OrgKey), which its
+	// dashboard gets on stdin; the launcher signs with the same secret. Empty: this
+	// dispatcher starts no dashboards and leaves the requests to one that can.
+	DashboardSecret service.Secret
+	// DashboardIdle is how long a dashboard may go unused before it is stopped (30m).
+	DashboardIdle time.Duration
+	// DashboardCheck is how often RunDashboards looks without a notification (3s).
+	DashboardCheck time.Duration
+	// KeepDashboards leaves running dashboards for the next start of this instance to
+	// adopt when RunDashboards ends (Docker in production); otherwise they are stopped
+	// and recorded stopped. Process dashboards are never kept: they die with the host.
+	KeepDashboards bool
+
 	ClaimEnabled bool
 	// MaxAttempts is how many crashed or failed runs a job may have; past it recovery
 	// re-claims the stale job and fails it with the reason.
@@ -93,18 +109,20 @@ type Config struct {
 // Dispatcher runs the cycle. At most one job per org is in flight, and only for orgs whose
 // org: lease it holds.
 type Dispatcher struct {
-	cfg       Config
-	leases    *lease.Store
-	ownLeases bool // made by New, closed by Close
-	subagents *subagent.Store
-	ownSubs   bool
-	holder    string
-	metrics   *metrics
+	cfg         Config
+	leases      *lease.Store
+	ownLeases   bool // made by New, closed by Close
+	subagents   *subagent.Store
+	ownSubs     bool
+	holder      string
+	metrics     *metrics
+	dashMetrics *dashboardMetrics
 
 	mu       sync.Mutex
 	owned    map[string]*ownership
 	inFlight map[string]*delivery
 	backoff  map[string]backoff // orgs whose last worker failed to start
+	dash     dashboardsHere
 	stopping bool
 
 	// hard ends every delivery at once: the last step of a shutdown.
@@ -158,6 +176,12 @@ func New(cfg Config) *Dispatcher {
 	if cfg.OrgIdle <= 0 {
 		cfg.OrgIdle = 4 * cfg.LeaseTTL
 	}
+	if cfg.DashboardIdle <= 0 {
+		cfg.DashboardIdle = DefaultDashboardIdle
+	}
+	if cfg.DashboardCheck <= 0 {
+		cfg.DashboardCheck = DefaultDashboardCheck
+	}
 	leases := cfg.Leases
 	if leases == nil {
 		leases = lease.New(cfg.DB, lease.Options{Log: cfg.Log})
@@ -169,13 +193,14 @@ func New(cfg Config) *Dispatcher {
 	hard, hardStop := context.WithCancel(context.Background())
 	return &Dispatcher{
 		cfg: cfg, leases: leases, ownLeases: cfg.Leases == nil, metrics: newMetrics(cfg.Registerer),
-		subagents: subs, ownSubs: cfg.Subagents == nil,
+		subagents: subs, ownSubs: cfg.Subagents == nil, dashMetrics: newDashboardMetrics(cfg.Registerer),
 		// One holder name per process: a restarted dispatcher with the same instance name
 		// waits out its predecessor's leases instead of taking them as its own.
 		holder:   fmt.Sprintf("dispatcher/%s/%d-%s", cfg.Instance, os.Getpid(), rand.Text()[:6]),
 		owned:    map[string]*ownership{},
 		inFlight: map[string]*delivery{},
 		backoff:  map[string]backoff{},
+		dash:     newDashboardsHere(),
 		hard:     hard, hardStop: hardStop,
 	}
 }
@@ -481,13 +506,14 @@ func (d *Dispatcher) disown(org, why string) {
 	d.cfg.Log.Warn("org no longer owned", "org", org, "reason", why)
 }
 
-// releaseIdle gives up orgs that showed no work for OrgIdle, so replicas share orgs.
+// releaseIdle gives up orgs that showed no work for OrgIdle, so replicas share orgs. An org
+// whose dashboard starts or runs here is not idle: its next request must come back here.
 func (d *Dispatcher) releaseIdle(ctx context.Context, snap *snapshot) {
 	now := time.Now()
 	var idle []lease.Lease
 	d.mu.Lock()
 	for org, o := range d.owned {
-		if d.inFlight[org] != nil || len(snap.queued[org])+len(snap.active[org]) > 0 || now.Sub(o.lastWork) < d.cfg.OrgIdle {
+		if d.inFlight[org] != nil || d.dash.holds(org) || len(snap.queued[org])+len(snap.active[org]) > 0 || now.Sub(o.lastWork) < d.cfg.OrgIdle {
 			continue
 		}
 		idle = append(idle, o.lease)
