@@ -120,6 +120,10 @@ var (
 		Usage: "this org's control API key, which the dispatcher hands run-job; the agent's subagent hooks reach the API through the worker with it, never holding it"})
 	ControlSecret = define(Var{Name: "CONTROL_SECRET", Secret: true,
 		Usage: "derives the per-org control API keys; replicas share it (the dispatcher makes one per run when unset)"})
+	DashboardSecret = define(Var{Name: "DASHBOARD_SECRET", Secret: true,
+		Usage: "derives each org's dashboard assertion key; the launcher and every dispatcher share it (a dispatcher without it starts no dashboards; dev makes one per run)"})
+	DashboardIdleTimeout = define(Var{Name: "DASHBOARD_IDLE_TIMEOUT", Default: "30m",
+		Usage: "an org's dashboard unused for this long is stopped; the next Open starts it again"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",

@@ -12,6 +12,7 @@ import (
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
+	"hermeshost/dashboards"
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/lease"
@@ -39,7 +40,11 @@ type dispatcherSettings struct {
 	maxOrgs                  int
 	controlAddr, controlURL  string
 	controlSecret            service.Secret
-	runtime                  string
+	// dashSecret derives the dashboards' assertion keys (shared with the launcher); empty:
+	// this dispatcher starts no dashboards and says so once.
+	dashSecret service.Secret
+	dashIdle   time.Duration
+	runtime    string
 	// stopUnits removes the org containers on exit (dev: a local run leaves nothing
 	// behind); a production dispatcher leaves them for its next start to adopt.
 	stopUnits bool
@@ -50,7 +55,8 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.PollInterval, config.MaxAttempts, config.OrgsRoot, config.HermesInstance, config.WorkerImage, config.DashboardImage,
 	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
-	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.ShutdownGrace, config.LogLevel}
+	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
+	config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.dbURL = e.Required(config.DatabaseURL)
@@ -79,6 +85,8 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.controlAddr = e.String(config.ControlAddr)
 	s.controlURL = e.String(config.ControlURL)
 	s.controlSecret = service.Secret(e.String(config.ControlSecret))
+	s.dashSecret = service.Secret(e.String(config.DashboardSecret))
+	s.dashIdle = e.Duration(config.DashboardIdleTimeout)
 	// The workers' own settings, passed on when the operator set them (the worker has the
 	// same defaults).
 	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes,
@@ -107,6 +115,11 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 			return err
 		}
 		s.instance = h
+	}
+	if s.dashSecret != "" && len(s.dashSecret) < 16 {
+		// The launcher refuses a shorter one to sign with; a dispatcher starting dashboards
+		// whose assertions nobody can make would only fail later.
+		return &config.Error{Var: config.DashboardSecret.Name, Msg: "(secret value) is shorter than 16 characters"}
 	}
 	if s.controlSecret == "" {
 		// Keys minted from it reach only this run's containers; replicas must share one.
@@ -144,6 +157,8 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	defer leases.Close()
 	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
 	defer subagents.Close()
+	dashStore := dashboards.New(pool, dashboards.Options{Log: log, Registerer: ops.Registry})
+	defer dashStore.Close()
 	bot, err := sartiq.New(s.apiURL, s.bot.Reveal())
 	if err != nil {
 		return err
@@ -176,9 +191,19 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
 		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, Log: log, Registerer: ops.Registry,
 		ControlURL: controlURL, ControlKey: func(org string) (string, error) { return control.Key(s.controlSecret, org) },
+		Dashboards: dashStore, DashboardSecret: s.dashSecret, DashboardIdle: s.dashIdle,
+		// Docker dashboards outlive a production dispatcher for its next start to adopt;
+		// process ones die with it, and dev removes its units.
+		KeepDashboards: !s.stopUnits && rt.Kind() == "docker",
 	})
 	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(),
 		"instance", s.instance, "holder", d.Holder(), "status_url", srv.URL())
+	dashDone := make(chan struct{})
+	go func() {
+		defer close(dashDone)
+		d.RunDashboards(ctx)
+	}()
+	defer func() { <-dashDone }()
 	d.Run(ctx, dispatch.RunOptions{
 		Poll: s.poll, Grace: s.jobGrace,
 		Cycled: func(n int, err error) {
