@@ -115,6 +115,8 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 		// The launcher serves these itself, from the same files; served here too for a
 		// dashboard reached directly (its tests).
 		MountStatic(r, p)
+		// Browsers ask for it on every site, at the root, where the launcher answers the same.
+		r.Get("/favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 		r.Group(func(r chi.Router) {
 			r.Use(requireAssertion(verifier, pages))
 			r.Get(p, func(w http.ResponseWriter, r *http.Request) { handlers.Redirect(w, r, p+"/") })

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
 	"github.com/gavv/httpexpect/v2"
 
 	"hermeshost/assertion"
@@ -909,5 +911,89 @@ func TestNewDashboardRefusesAnIncompleteConfig(t *testing.T) {
 		if _, err := web.NewDashboard(service.NewOps(slog.New(slog.DiscardHandler)), c); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// An operator's browser on the dashboard, with the assertion the launcher would add: every
+// page loads its styles and htmx under the prefix within the CSP, the search swaps the list
+// in place and puts the search in the address, a transcript folds its tool call, and the
+// page logs no error.
+func TestTheDashboardInABrowser(t *testing.T) {
+	acme, _ := twoHomes(t, hermesstate.V22)
+	acme.session(hermesstate.Session{ID: "s-old", Title: "catalog import", StartedAt: 1_760_000_000})
+	acme.message(hermesstate.Message{SessionID: "s-old", Role: "user", Content: "import the zanzibar catalog", Timestamp: 1_760_000_001})
+	acme.message(hermesstate.Message{SessionID: "s-old", Role: "assistant", Timestamp: 1_760_000_002,
+		ToolCalls: []hermesstate.ToolCall{{ID: "c1", Name: "terminal", Arguments: `{"command":"sartiq ops"}`}}})
+	acme.session(hermesstate.Session{ID: "s-new", Title: "guidelines", StartedAt: 1_760_000_100})
+	d := newDash(t, dashOptions{home: acme})
+	ctx, pageErrors := headless(t)
+	// Signed a little ahead, so it is good for the whole test (the launcher signs each request).
+	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
+	tok, err := ahead.Sign("ada", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{assertion.Header: tok}}); err != nil {
+		t.Fatal(err)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return s
+	}
+	rows := `Array.from(document.querySelectorAll('[data-testid="hermes-session"]')).map(e => e.dataset.sessionId).join(",")`
+	err = chromedp.Do(ctx,
+		chromedp.Navigate(d.srv.URL+"/orgs/acme/sessions"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="hermes-sessions"]`)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := eval(rows); got != "s-new,s-old" {
+		t.Fatalf("sessions %q", got)
+	}
+	// The stylesheet applied: the CSP let it in from under the prefix.
+	if got := eval(`getComputedStyle(document.querySelector("header")).display`); got != "flex" {
+		t.Fatalf("header display %q: the stylesheet did not load", got)
+	}
+	eval(`window.stillThisPage = "yes"`)
+	err = chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.ID("q"), "zanzibar"),
+		chromedp.Click(chromedp.CSS(`[data-testid="sessions-search-submit"]`)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for eval(rows) != "s-old" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the search did not swap the list: %q", eval(rows))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := eval(`window.stillThisPage || "reloaded"`); got != "yes" {
+		t.Fatalf("the search reloaded the page instead of swapping the list")
+	}
+	if got := eval(`location.pathname + location.search`); got != "/orgs/acme/sessions?q=zanzibar" {
+		t.Fatalf("the address after the search: %q", got)
+	}
+	err = chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`[data-testid="session-link"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="transcript"]`)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := eval(`String(document.querySelector('[data-testid="tool-call"]').open)`); got != "false" {
+		t.Fatalf("the tool call is not folded: open=%s", got)
+	}
+	for _, e := range pageErrors() {
+		t.Errorf("the page logged an error: %s", e)
 	}
 }
