@@ -17,6 +17,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"hermeshost/assertion"
+	"hermeshost/dashboards"
 	"hermeshost/handlers"
 	"hermeshost/operator"
 	"hermeshost/service"
@@ -36,6 +38,11 @@ type LauncherConfig struct {
 	IdleTimeout     time.Duration
 	// RefreshSeconds is how often the index reloads its org table (5 when zero).
 	RefreshSeconds int
+	// Dashboards is where dashboards are asked for and found; DashboardSecret signs the
+	// assertions the dashboards verify (DASHBOARD_SECRET, shared with the dispatcher).
+	// Without both, an org's dashboard says it is not available from this launcher.
+	Dashboards      *dashboards.Store
+	DashboardSecret service.Secret
 }
 
 // Launcher is the launcher's HTTP handler. Close stops its session cleanup.
@@ -78,12 +85,26 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 		pages.Failed(w, r, fmt.Errorf("login session store: %w", err))
 	}
 	h := &handlers.Launcher{Pages: pages, Operators: cfg.Operators, LoginSessions: loginSessions, RefreshSeconds: cfg.RefreshSeconds}
+	var signer *assertion.Signer
+	unavailable := ""
+	switch {
+	case cfg.Dashboards == nil || cfg.DashboardSecret == "":
+		unavailable = "Dashboards are not available from this launcher: it has no DASHBOARD_SECRET (the dispatcher needs the same one)."
+		cfg.Dashboards = nil
+	default:
+		var err error
+		if signer, err = assertion.NewSigner(cfg.DashboardSecret.Reveal(), nil); err != nil {
+			return nil, fmt.Errorf("launcher: %w", err)
+		}
+	}
+	proxy := newDashboardProxy(cfg.Dashboards, cfg.Operators, signer, pages, unavailable)
 
 	r := ops.Router() // /healthz and /metrics come first; the launcher's routes are a group
 	r.NotFound(notFound(pages))
 	r.Group(func(r chi.Router) {
 		r.Use(SecurityHeaders, Recoverer(pages))
 		MountStatic(r, "")
+		r.Get("/orgs/{org}/static/*", proxy.static)
 		// Browsers ask for it on every site; there is none, and saying so is no error.
 		r.Get("/favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 		r.Group(func(r chi.Router) {
@@ -96,6 +117,11 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 				r.Use(requireOperator(loginSessions, cfg.Operators, pages))
 				r.Get("/", h.Index)
 				r.Get("/orgs", h.Orgs)
+				r.Post("/open/{org}", proxy.open)
+				r.Get("/orgs/{org}", func(w http.ResponseWriter, r *http.Request) {
+					handlers.Redirect(w, r, "/orgs/"+chi.URLParam(r, "org")+"/")
+				})
+				r.Handle("/orgs/{org}/*", proxy)
 			})
 		})
 	})

@@ -7,6 +7,7 @@ import (
 
 	"hermeshost/cli"
 	"hermeshost/config"
+	"hermeshost/dashboards"
 	"hermeshost/migrations"
 	"hermeshost/operator"
 	"hermeshost/pg"
@@ -18,6 +19,9 @@ type launcherSettings struct {
 	dbURL        string
 	secureCookie bool
 	grace        time.Duration
+	// dashboardSecret signs the assertions org dashboards verify; the dispatcher that
+	// starts them derives their keys from the same secret. Empty: no dashboards.
+	dashboardSecret service.Secret
 }
 
 // runLauncher migrates, opens the database and listens; the caller serves.
@@ -35,25 +39,33 @@ func runLauncher(ctx context.Context, ops *service.Ops, s launcherSettings, addr
 		pool.Close()
 		return nil, nil, err
 	}
-	l, err := web.NewLauncher(ops, web.LauncherConfig{DB: pool, Operators: opStore, SecureCookie: s.secureCookie})
+	// The launcher only asks for dashboards and reads where they answer; their metrics are the dispatcher's.
+	dash := dashboards.New(pool, dashboards.Options{Log: ops.Log})
+	if s.dashboardSecret == "" {
+		ops.Log.Warn("DASHBOARD_SECRET is not set: org dashboards cannot be opened from this launcher")
+	}
+	l, err := web.NewLauncher(ops, web.LauncherConfig{DB: pool, Operators: opStore, SecureCookie: s.secureCookie,
+		Dashboards: dash, DashboardSecret: s.dashboardSecret})
 	if err != nil {
+		dash.Close()
 		pool.Close()
 		return nil, nil, err
 	}
 	srv, err := service.Listen("launcher", addr, l.Handler(), ops.Log, s.grace)
 	if err != nil {
 		l.Close()
+		dash.Close()
 		pool.Close()
 		return nil, nil, err
 	}
-	return srv, func() { l.Close(); pool.Close() }, nil
+	return srv, func() { l.Close(); dash.Close(); pool.Close() }, nil
 }
 
 func launcherCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "launcher",
 		Summary: "serve the operators' launcher: login, and the index of the orgs granted to each",
-		Env:     append([]config.Var{config.DatabaseURL, config.SessionCookieSecure}, serverEnv...),
+		Env:     append([]config.Var{config.DatabaseURL, config.SessionCookieSecure, config.DashboardSecret}, serverEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			addr := fs.String("addr", "127.0.0.1:8093", "listen address (port 0 picks one)")
 			return func(ctx context.Context, args []string) error {
@@ -65,6 +77,7 @@ func launcherCommand() *cli.Command {
 					s.dbURL = e.Required(config.DatabaseURL)
 					s.secureCookie = e.Bool(config.SessionCookieSecure)
 					s.grace = e.Duration(config.ShutdownGrace)
+					s.dashboardSecret = service.Secret(e.String(config.DashboardSecret))
 				})
 				if err != nil {
 					return err
