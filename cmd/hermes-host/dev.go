@@ -75,6 +75,12 @@ func devCommand() *cli.Command {
 				if gw.hostKey == "" {
 					gw.hostKey = randomSecret()
 				}
+				if ds.dashSecret == "" {
+					// The launcher signs with it and the dispatcher derives the dashboards'
+					// keys from it: both are in this process, so one made for this run serves.
+					ds.dashSecret = randomSecret()
+				}
+				ls.dashboardSecret = ds.dashSecret
 				if err := migrations.Host.Up(ctx, url, log); err != nil {
 					return err
 				}
