@@ -27,7 +27,7 @@ func (h *Dashboard) HermesSessions(w http.ResponseWriter, r *http.Request) {
 	if v.Newer {
 		v.First = h.Paths().PageWith("/sessions", searchValues(query.Search, ""))
 	}
-	st, err := h.Home.OpenState()
+	st, err := h.Home.State()
 	switch {
 	case errors.Is(err, orghome.ErrNoSessions):
 		v.NoState = true
@@ -37,7 +37,6 @@ func (h *Dashboard) HermesSessions(w http.ResponseWriter, r *http.Request) {
 		h.Failed(w, r, err)
 		return
 	}
-	defer st.Close()
 	page, err := st.Sessions(r.Context(), query)
 	switch {
 	case errors.Is(err, orghome.ErrNoSessions):

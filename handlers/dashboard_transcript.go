@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -13,6 +14,10 @@ import (
 	"hermeshost/orghome"
 	"hermeshost/templates"
 )
+
+// transcriptPage is how many messages one page of a transcript shows: a session of
+// thousands is read a page at a time, which keeps each page light for the browser too.
+const transcriptPage = 200
 
 // Folding of long message content: past foldAfter characters a message shows its first
 // previewChars and folds the rest.
@@ -31,7 +36,14 @@ func (h *Dashboard) HermesTranscript(w http.ResponseWriter, r *http.Request) {
 		h.NotFound(w, r, "There is no Hermes session at this address.")
 		return
 	}
-	st, err := h.Home.OpenState()
+	var after int64
+	if a := r.URL.Query().Get("after"); a != "" {
+		if after, err = strconv.ParseInt(a, 10, 64); err != nil || after < 0 {
+			h.Error(w, r, http.StatusBadRequest, "This page of the transcript is not one the dashboard made. Start again from its first messages.")
+			return
+		}
+	}
+	st, err := h.Home.State()
 	if errors.Is(err, orghome.ErrNoSessions) {
 		h.NotFound(w, r, "This organization has no Hermes sessions yet: its home has no state.db.")
 		return
@@ -40,8 +52,7 @@ func (h *Dashboard) HermesTranscript(w http.ResponseWriter, r *http.Request) {
 		h.Failed(w, r, err)
 		return
 	}
-	defer st.Close()
-	t, err := st.Transcript(r.Context(), id)
+	t, err := st.TranscriptPage(r.Context(), id, orghome.TranscriptQuery{After: after, Limit: transcriptPage})
 	switch {
 	case errors.Is(err, orghome.ErrSessionNotFound), errors.Is(err, orghome.ErrNoSessions):
 		h.NotFound(w, r, "This organization has no Hermes session "+id+".")
@@ -66,6 +77,12 @@ func (h *Dashboard) HermesTranscript(w http.ResponseWriter, r *http.Request) {
 	}
 	v.ShowSystemLink = h.Paths().PageWith(path, url.Values{"system": {"1"}})
 	v.HideSystemLink = h.Paths().Page(path)
+	if t.Next != 0 {
+		v.Next = h.Paths().PageWith(path, url.Values{"after": {strconv.FormatInt(t.Next, 10)}})
+	}
+	if after != 0 {
+		v.First = h.Paths().Page(path)
+	}
 	for _, m := range t.Messages {
 		v.Messages = append(v.Messages, transcriptMessage(m))
 	}

@@ -143,7 +143,8 @@ type Home struct {
 	// skills disabled, workspaces removed). Open sets slog.Default(); set it before use.
 	Log *slog.Logger
 
-	root *os.Root
+	root   *os.Root
+	shared sharedState // State's kept state.db
 }
 
 // OpenHome opens the home at dir directly, for a process handed exactly one home (a
@@ -164,7 +165,12 @@ func OpenHome(id, dir string) (*Home, error) {
 }
 
 // Close releases the home.
-func (h *Home) Close() error { return h.root.Close() }
+func (h *Home) Close() error {
+	h.shared.mu.Lock()
+	h.dropShared()
+	h.shared.mu.Unlock()
+	return h.root.Close()
+}
 
 // CheckPath refuses, before touching the disk, a name that cannot stay inside a home:
 // empty, absolute, climbing out with "..", or holding a NUL byte. Symlinks are caught by

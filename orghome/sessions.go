@@ -49,6 +49,7 @@ type StateDB struct {
 	mu      sync.Mutex
 	layout  *stateLayout // learned on first use; retried while the database is busy
 	summary string       // the SELECT list for Session rows
+	cache   *resultCache // answers kept while the database is unchanged (Home.State's only)
 }
 
 // stateLayout is which optional columns and tables this database has: Hermes adds columns
@@ -119,7 +120,10 @@ func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
 }
 
 // Close releases the database.
-func (s *StateDB) Close() error { return s.db.Close() }
+func (s *StateDB) Close() error {
+	s.cache.close()
+	return s.db.Close()
+}
 
 // isBusy says whether a SQLite error means "Hermes holds the database right now".
 func isBusy(err error) bool {
@@ -452,6 +456,13 @@ func ftsPhrases(words []string) string {
 
 // Sessions lists one page of sessions, newest first.
 func (s *StateDB) Sessions(ctx context.Context, q SessionQuery) (SessionPage, error) {
+	key := fmt.Sprintf("sessions\x00%s\x00%s\x00%d", q.Search, q.After, q.Limit)
+	return cached(ctx, s, key, func(p SessionPage) bool { return p.Status == "" }, func() (SessionPage, error) {
+		return s.sessions(ctx, q)
+	})
+}
+
+func (s *StateDB) sessions(ctx context.Context, q SessionQuery) (SessionPage, error) {
 	l, err := s.load(ctx)
 	if err != nil {
 		return s.pageErr(err)
@@ -538,7 +549,15 @@ type Transcript struct {
 	// Omitted counts the rows Hermes keeps but does not show (see visibleRows): taken
 	// back, summarized away by compaction, or hidden scaffolding.
 	Omitted int
-	Status  string // StatusBusy when the database could not answer
+	// Next is the TranscriptQuery.After of the following page; 0 on the last.
+	Next   int64
+	Status string // StatusBusy when the database could not answer
+}
+
+// TranscriptQuery asks for one page of a transcript, oldest first.
+type TranscriptQuery struct {
+	After int64 // the Next of the previous page; 0 starts at the first message
+	Limit int   // messages a page; 0 means all
 }
 
 // Message is one message of a transcript. Tool calls are decoded so a page can show which
@@ -588,8 +607,21 @@ func decodeToolCalls(raw string) []ToolCall {
 	return calls
 }
 
-// Transcript reads one session with the messages a person reads (see visibleRows).
+// Transcript reads one session with every message a person reads (see visibleRows).
 func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error) {
+	return s.TranscriptPage(ctx, id, TranscriptQuery{})
+}
+
+// TranscriptPage reads one session with one page of the messages a person reads, in the
+// order Hermes wrote them, paged by message id (keyset: page 10 costs what page 1 does).
+func (s *StateDB) TranscriptPage(ctx context.Context, id string, q TranscriptQuery) (Transcript, error) {
+	key := fmt.Sprintf("transcript\x00%s\x00%d\x00%d", id, q.After, q.Limit)
+	return cached(ctx, s, key, func(t Transcript) bool { return t.Status == "" }, func() (Transcript, error) {
+		return s.transcript(ctx, id, q)
+	})
+}
+
+func (s *StateDB) transcript(ctx context.Context, id string, q TranscriptQuery) (Transcript, error) {
 	l, err := s.load(ctx)
 	if err != nil {
 		return s.transcriptErr(id, err)
@@ -608,7 +640,7 @@ func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error)
 	if err != nil {
 		return s.transcriptErr(id, err)
 	}
-	t := Transcript{Session: sess, Messages: make([]Message, 0, sess.MessageCount)}
+	t := Transcript{Session: sess, Messages: make([]Message, 0, min(sess.MessageCount, max(q.Limit, 0)))}
 	if prompt := systemPromptSelect(l); prompt != "" {
 		var p sql.NullString
 		if err := tx.QueryRowContext(ctx, "SELECT "+prompt+" FROM sessions s WHERE s.id = ?", id).Scan(&p); err != nil {
@@ -633,8 +665,13 @@ func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error)
 	// can step back, and ordering by them can put a tool's answer before its call. Schema
 	// 30's display_order only matters for its display view, which merges the generations
 	// compaction leaves; the live rows read here have none to merge.
-	rows, err := tx.QueryContext(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM messages m WHERE m.session_id = ? AND "+
-		l.visible+" ORDER BY m.id", id)
+	query := "SELECT " + strings.Join(cols, ", ") + " FROM messages m WHERE m.session_id = ? AND m.id > ? AND " + l.visible + " ORDER BY m.id"
+	args := []any{id, q.After}
+	if q.Limit > 0 {
+		query += " LIMIT ?"
+		args = append(args, q.Limit+1)
+	}
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return s.transcriptErr(id, err)
 	}
@@ -657,6 +694,10 @@ func (s *StateDB) Transcript(ctx context.Context, id string) (Transcript, error)
 	}
 	if err := rows.Err(); err != nil {
 		return s.transcriptErr(id, err)
+	}
+	if q.Limit > 0 && len(t.Messages) > q.Limit {
+		t.Messages = t.Messages[:q.Limit]
+		t.Next = t.Messages[q.Limit-1].ID
 	}
 	return t, nil
 }

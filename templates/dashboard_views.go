@@ -141,6 +141,9 @@ type TranscriptView struct {
 	SystemPrompt   string
 	ShowSystemLink templ.SafeURL
 	HideSystemLink templ.SafeURL
+	// A long session is read a page at a time: Next leads to the later messages, First
+	// back to the beginning (both empty when there is nowhere to go).
+	Next, First templ.SafeURL
 }
 
 // TranscriptMessage is one message: long content folded after Preview, tool calls and

@@ -78,6 +78,14 @@ type proxied struct {
 
 func newProxied(t *testing.T, secret string) *proxied {
 	t.Helper()
+	acme := newOrgHome(t, t.TempDir(), "acme", 22)
+	acme.write("memories/MEMORY.md", "Acme ships on Tuesdays.")
+	return newProxiedHome(t, secret, acme)
+}
+
+// newProxiedHome is newProxied in front of the dashboard of home.
+func newProxiedHome(t *testing.T, secret string, home *orgHome) *proxied {
+	t.Helper()
 	_, pool := pgtest.Schema(t)
 	ops, err := operator.New(pool, bcrypt.MinCost)
 	if err != nil {
@@ -105,9 +113,7 @@ func newProxied(t *testing.T, secret string) *proxied {
 	t.Cleanup(l.Close)
 	srv := httptest.NewServer(l.Handler())
 	t.Cleanup(srv.Close)
-	acme := newOrgHome(t, t.TempDir(), "acme", 22)
-	acme.write("memories/MEMORY.md", "Acme ships on Tuesdays.")
-	d := newDash(t, dashOptions{home: acme})
+	d := newDash(t, dashOptions{home: home})
 	return &proxied{t: t, srv: srv, store: store, dash: d, tap: newTap(t, d.srv.URL)}
 }
 
