@@ -9,7 +9,7 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 # htmx, from npm as package-lock.json pins it, copied where the binary embeds it from.
 HTMX := static/vendor/htmx.min.js
 
-.PHONY: run test build generate lint test-go test-python fuzz bench images clean
+.PHONY: run test build generate lint test-go test-python fuzz bench bench-dashboard images clean
 
 ## run: start Postgres if none is given (and Docker when installed), build the images when an engine answers,
 ## migrate, and run the whole product (hermes-host dev): backend with demo jobs, gateway, dispatcher claiming.
@@ -75,6 +75,11 @@ fuzz:
 BENCHTIME ?= 2s
 bench: build
 	HERMES_BENCH_SLOW=1 scripts/with-services.sh $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 30m ./...
+
+## bench-dashboard: the dashboard's pages under load from wrk in a second process (10,000 sessions, a
+## 2,000-message transcript), through the launcher's proxy and directly, beside /healthz; about two minutes.
+bench-dashboard:
+	set -o pipefail; HERMES_BENCH_WRK=1 scripts/with-services.sh $(GO) test -count=1 -run '^TestDashboardUnderLoad$$' -v ./web/ | grep -E '^\s+(\||dashboard_load_test)'
 
 clean:
 	rm -rf bin static/vendor
