@@ -36,6 +36,8 @@ type LauncherConfig struct {
 	// unused that long (1h when zero).
 	SessionLifetime time.Duration
 	IdleTimeout     time.Duration
+	// Now is the clock of the idle timeout (nil: time.Now).
+	Now func() time.Time
 	// RefreshSeconds is how often the index reloads its org table (5 when zero).
 	RefreshSeconds int
 	// Dashboards is where dashboards are asked for and found; DashboardSecret signs the
@@ -66,6 +68,9 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = time.Hour
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if cfg.RefreshSeconds == 0 {
 		cfg.RefreshSeconds = 5
 	}
@@ -76,7 +81,9 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	loginSessions := scs.New()
 	loginSessions.Store = store
 	loginSessions.Lifetime = cfg.SessionLifetime
-	loginSessions.IdleTimeout = cfg.IdleTimeout
+	// The idle timeout is kept by requireOperator, which records a login session's use at
+	// most once a minute: scs's own would write the session on every request (every htmx
+	// refresh, every proxied dashboard request).
 	loginSessions.Cookie.Name = "hermes_launcher"
 	loginSessions.Cookie.HttpOnly = true
 	loginSessions.Cookie.SameSite = http.SameSiteLaxMode
@@ -114,7 +121,7 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 			r.Post("/login", h.Login)
 			r.Post("/logout", h.Logout)
 			r.Group(func(r chi.Router) {
-				r.Use(requireOperator(loginSessions, cfg.Operators, pages))
+				r.Use(requireOperator(loginSessions, cfg.Operators, pages, cfg.IdleTimeout, cfg.Now))
 				r.Get("/", h.Index)
 				r.Get("/orgs", h.Orgs)
 				r.Post("/open/{org}", proxy.open)
@@ -161,13 +168,37 @@ func (l *Launcher) Close() {
 	<-l.done
 }
 
+// loginSessionSeen is the login session's key for when it was last used (Unix seconds), and
+// seenResolution how often that is written.
+const (
+	loginSessionSeen = "seen"
+	seenResolution   = time.Minute
+)
+
 // requireOperator lets a request through only with a session of an operator who still
 // exists and is enabled, asked on every request so that a disable or a removal ends their
 // sessions at once. Others go to the login page (htmx requests are told to go there).
-func requireOperator(loginSessions *scs.SessionManager, ops *operator.Store, pages handlers.Pages) func(http.Handler) http.Handler {
+//
+// A login session unused for idle ends too. Its use is recorded in the session at most every
+// seenResolution, so most requests write nothing; the timeout is kept to within that.
+func requireOperator(loginSessions *scs.SessionManager, ops *operator.Store, pages handlers.Pages, idle time.Duration, clock func() time.Time) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			name := loginSessions.GetString(r.Context(), handlers.LoginSessionOperator)
+			now := clock()
+			var seen time.Time
+			if unix := loginSessions.GetInt64(r.Context(), loginSessionSeen); unix != 0 {
+				seen = time.Unix(unix, 0)
+			}
+			if name != "" && !seen.IsZero() && now.Sub(seen) > idle {
+				// Unused for too long: the login session ends here, as an expired one.
+				if err := loginSessions.Destroy(r.Context()); err != nil {
+					pages.Log.Error("launcher: end an idle login session", "err", err)
+				}
+				name = ""
+			} else if name != "" && now.Sub(seen) >= seenResolution {
+				loginSessions.Put(r.Context(), loginSessionSeen, now.Unix())
+			}
 			if name != "" {
 				op, err := ops.Get(r.Context(), name)
 				switch {

@@ -8,7 +8,9 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"hermeshost/internal/testio"
 
@@ -266,4 +268,60 @@ func TestStaticFilesAndOps(t *testing.T) {
 	e.GET("/static/../go.mod").Expect().Status(http.StatusNotFound)
 	e.GET("/healthz").Expect().Status(http.StatusOK)
 	e.GET("/metrics").Expect().Status(http.StatusOK).Body().Contains("http_requests_total")
+}
+
+// A login session unused for the idle timeout ends; its use is written at most once a
+// minute, not on every request.
+func TestAnIdleLoginSessionEndsAndUseIsWrittenSparingly(t *testing.T) {
+	_, pool := pgtest.Schema(t)
+	ops, err := operator.New(pool, bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ops.Add(ctx, "ada", password, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	l, err := web.NewLauncher(service.NewOps(slog.New(slog.DiscardHandler)), web.LauncherConfig{
+		DB: pool, Operators: ops, IdleTimeout: time.Hour, Now: clock,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	srv := httptest.NewServer(l.Handler())
+	t.Cleanup(srv.Close)
+	f := &fixture{t: t, pool: pool, ops: ops, srv: srv}
+	e := f.browser()
+	login(e, "ada", password).Status(http.StatusSeeOther)
+	stored := func() string {
+		var data []byte
+		if err := pool.QueryRow(ctx, `SELECT data FROM sessions`).Scan(&data); err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	e.GET("/").Expect().Status(http.StatusOK)
+	first := stored()
+	for range 5 {
+		advance(10 * time.Second)
+		e.GET("/orgs").Expect().Status(http.StatusOK)
+	}
+	if stored() != first {
+		t.Fatal("the login session was written again within a minute of its last use")
+	}
+	advance(59 * time.Minute)
+	e.GET("/").Expect().Status(http.StatusOK) // in use within the hour: kept, and its use written
+	if stored() == first {
+		t.Fatal("the login session's use was not recorded after a minute")
+	}
+	advance(61 * time.Minute)
+	e.GET("/").Expect().Status(http.StatusSeeOther).Header("Location").HasPrefix("/login")
+	if n := f.sessions(); n != 0 {
+		t.Fatalf("%d login sessions after the idle timeout, want it ended", n)
+	}
 }
