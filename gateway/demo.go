@@ -57,6 +57,11 @@ type demoChatRequest struct {
 	ResponseFormat *struct {
 		Type string `json:"type"`
 	} `json:"response_format"`
+	// StreamOptions.IncludeUsage asks, as OpenAI's API has it, for a last chunk with the
+	// usage and no choices (Hermes sends it with every request).
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
 }
 
 // messageText is a message's text: a plain string, or the text parts of a multi-part
@@ -136,6 +141,11 @@ func demoChat(w http.ResponseWriter, r *http.Request) {
 		event(map[string]string{"content": piece}, nil)
 	}
 	event(map[string]string{}, "stop")
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		b, _ := json.Marshal(map[string]any{"id": id, "object": "chat.completion.chunk", "created": 0, "model": req.Model,
+			"choices": []any{}, "usage": usage})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
 }

@@ -168,3 +168,35 @@ func TestGateNamesWhatIsMissing(t *testing.T) {
 		t.Fatalf("no gateway: %v", err)
 	}
 }
+
+// Asked for usage (stream_options.include_usage, as Hermes asks), the stream ends with a
+// chunk holding the usage and no choices.
+func TestDemoStreamEndsWithUsageWhenAsked(t *testing.T) {
+	g := demoGateway(t)
+	req := `{"model":"demo-worker","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"count these four words"}]}`
+	r, _ := http.NewRequest("POST", g.url+"/v1/chat/completions", strings.NewReader(req))
+	r.Header.Set("Authorization", "Bearer "+orgKey(t, "org-a"))
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var last string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && data != "[DONE]" {
+			last = data
+		}
+	}
+	var chunk struct {
+		Choices []any `json:"choices"`
+		Usage   *struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(last), &chunk); err != nil || chunk.Usage == nil || len(chunk.Choices) != 0 ||
+		chunk.Usage.PromptTokens != 4 || chunk.Usage.CompletionTokens == 0 {
+		t.Fatalf("last chunk %s: %v", last, err)
+	}
+}
