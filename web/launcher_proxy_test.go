@@ -2,7 +2,6 @@ package web_test
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -14,13 +13,10 @@ import (
 	"testing"
 
 	"github.com/gavv/httpexpect/v2"
-	"golang.org/x/crypto/bcrypt"
 
 	"hermeshost/assertion"
 	"hermeshost/dashboards"
 	"hermeshost/internal/testio"
-	"hermeshost/operator"
-	"hermeshost/pg/pgtest"
 	"hermeshost/service"
 	"hermeshost/web"
 )
@@ -86,33 +82,13 @@ func newProxied(t *testing.T, secret string) *proxied {
 // newProxiedHome is newProxied in front of the dashboard of home.
 func newProxiedHome(t *testing.T, secret string, home *orgHome) *proxied {
 	t.Helper()
-	_, pool := pgtest.Schema(t)
-	ops, err := operator.New(pool, bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for _, n := range []string{"ada", "bob"} {
-		if err := ops.Add(ctx, n, password, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, org := range []string{"acme", "globex"} {
-		if err := ops.Grant(ctx, "ada", org, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store := dashboards.New(pool, dashboards.Options{})
-	t.Cleanup(store.Close)
-	l, err := web.NewLauncher(service.NewOps(slog.New(slog.DiscardHandler)), web.LauncherConfig{
-		DB: pool, Operators: ops, Dashboards: store, DashboardSecret: service.Secret(secret),
+	var store *dashboards.Store
+	f := newLauncherFixture(t, func(c *web.LauncherConfig) {
+		store = dashboards.New(c.DB, dashboards.Options{})
+		t.Cleanup(store.Close)
+		c.Dashboards, c.DashboardSecret = store, service.Secret(secret)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
-	srv := httptest.NewServer(l.Handler())
-	t.Cleanup(srv.Close)
+	srv := f.srv
 	d := newDash(t, dashOptions{home: home})
 	return &proxied{t: t, srv: srv, store: store, dash: d, tap: newTap(t, d.srv.URL)}
 }

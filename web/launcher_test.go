@@ -45,21 +45,24 @@ type fixture struct {
 // (no grants), and jobs mirrored for acme, globex and initech.
 func newFixture(t *testing.T, refreshSeconds int) *fixture {
 	t.Helper()
+	f := newLauncherFixture(t, func(c *web.LauncherConfig) { c.RefreshSeconds = refreshSeconds })
+	f.job("acme", "j1", "RUNNING")
+	f.job("acme", "j2", "COMPLETED")
+	f.job("acme", "j3", "FAILED")
+	f.job("globex", "j4", "COMPLETED")
+	f.job("initech", "j5", "RUNNING")
+	return f
+}
+
+// newLauncherFixture is the launcher over a fresh schema with operators ada (acme, globex)
+// and bob (no grants), its configuration changed by edit (nil: as it is).
+func newLauncherFixture(t *testing.T, edit func(*web.LauncherConfig)) *fixture {
+	t.Helper()
 	_, pool := pgtest.Schema(t)
 	ops, err := operator.New(pool, bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := web.NewLauncher(service.NewOps(slog.New(slog.DiscardHandler)), web.LauncherConfig{
-		DB: pool, Operators: ops, RefreshSeconds: refreshSeconds,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
-	srv := httptest.NewServer(l.Handler())
-	t.Cleanup(srv.Close)
-	f := &fixture{t: t, pool: pool, ops: ops, srv: srv}
 	ctx := context.Background()
 	for _, n := range []string{"ada", "bob"} {
 		if err := ops.Add(ctx, n, password, "test"); err != nil {
@@ -71,12 +74,18 @@ func newFixture(t *testing.T, refreshSeconds int) *fixture {
 			t.Fatal(err)
 		}
 	}
-	f.job("acme", "j1", "RUNNING")
-	f.job("acme", "j2", "COMPLETED")
-	f.job("acme", "j3", "FAILED")
-	f.job("globex", "j4", "COMPLETED")
-	f.job("initech", "j5", "RUNNING")
-	return f
+	cfg := web.LauncherConfig{DB: pool, Operators: ops}
+	if edit != nil {
+		edit(&cfg)
+	}
+	l, err := web.NewLauncher(service.NewOps(slog.New(slog.DiscardHandler)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	srv := httptest.NewServer(l.Handler())
+	t.Cleanup(srv.Close)
+	return &fixture{t: t, pool: pool, ops: ops, srv: srv}
 }
 
 func (f *fixture) job(org, id, status string) {
@@ -273,29 +282,12 @@ func TestStaticFilesAndOps(t *testing.T) {
 // A login session unused for the idle timeout ends; its use is written at most once a
 // minute, not on every request.
 func TestAnIdleLoginSessionEndsAndUseIsWrittenSparingly(t *testing.T) {
-	_, pool := pgtest.Schema(t)
-	ops, err := operator.New(pool, bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := ops.Add(ctx, "ada", password, "test"); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	now := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	l, err := web.NewLauncher(service.NewOps(slog.New(slog.DiscardHandler)), web.LauncherConfig{
-		DB: pool, Operators: ops, IdleTimeout: time.Hour, Now: clock,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
-	srv := httptest.NewServer(l.Handler())
-	t.Cleanup(srv.Close)
-	f := &fixture{t: t, pool: pool, ops: ops, srv: srv}
+	f := newLauncherFixture(t, func(c *web.LauncherConfig) { c.IdleTimeout, c.Now = time.Hour, clock })
+	pool, ctx := f.pool, context.Background()
 	e := f.browser()
 	login(e, "ada", password).Status(http.StatusSeeOther)
 	stored := func() string {
