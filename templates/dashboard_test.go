@@ -263,3 +263,26 @@ func TestTheErrorPageSaysWhatWentWrong(t *testing.T) {
 		t.Errorf("stylesheet %q", href)
 	}
 }
+
+func TestAJobShowsProgressOfAKnownTotalOrJustTheCount(t *testing.T) {
+	f := DashboardFrame{Paths: Paths{Prefix: "/orgs/acme"}, Org: "acme", Active: NavJobs}
+	d := render(t, DashboardJob(JobDetailView{Frame: f, Job: JobRow{ID: hostile, Error: hostile}, Reason: hostile, Outcome: "failed",
+		Progress: &JobProgress{Persisted: 3, Total: 4, Percent: 75}, Events: []JobEventRow{{Kind: "progress", Data: hostile}}}))
+	if v, _ := byTestID(d, "job-progress-bar").Attr("value"); v != "3" {
+		t.Errorf("progress value %q", v)
+	}
+	if byTestID(d, "job-reason").Text() != hostile || byTestID(d, "job-event-data").Text() != hostile || byTestID(d, "job-id").Text() != hostile {
+		t.Error("the job's text is not shown as text")
+	}
+	d = render(t, DashboardJob(JobDetailView{Frame: f, Progress: &JobProgress{Persisted: 2}}))
+	if _, ok := byTestID(d, "job-progress-bar").Attr("max"); ok {
+		t.Error("a bar with a max when the total is not known")
+	}
+	if !strings.Contains(byTestID(d, "job-progress-text").Text(), "2 categories persisted") || byTestID(d, "job-events-none").Length() != 1 {
+		t.Errorf("no total: %q", byTestID(d, "job-progress-text").Text())
+	}
+	d = render(t, DashboardJobs(JobListView{Frame: f}))
+	if byTestID(d, "jobs-none").Length() != 1 {
+		t.Error("no empty state")
+	}
+}

@@ -1,6 +1,10 @@
 package templates
 
-import "github.com/a-h/templ"
+import (
+	"net/url"
+
+	"github.com/a-h/templ"
+)
 
 // DashboardFrame is what every dashboard page's frame shows: whose dashboard, who is
 // looking (from the launcher's assertion), and which page of the navigation is open.
@@ -13,10 +17,13 @@ type DashboardFrame struct {
 
 // The pages of the dashboard's navigation.
 const (
-	NavOverview = "overview"
-	NavSessions = "sessions"
-	NavMemory   = "memory"
-	NavSkills   = "skills"
+	NavOverview  = "overview"
+	NavSessions  = "sessions"
+	NavMemory    = "memory"
+	NavSkills    = "skills"
+	NavJobs      = "jobs"
+	NavSubagents = "subagents"
+	NavLeases    = "leases"
 )
 
 // OverviewView is the dashboard's first page: who the agent is, what runs, who holds the
@@ -56,6 +63,7 @@ type JobRow struct {
 	Attempt int
 	Error   string
 	Updated string
+	Link    templ.SafeURL // the job's page
 }
 
 // LeasesView is the org's held leases (home: and session:) from the control API.
@@ -224,4 +232,115 @@ type BrokenSkillRow struct {
 type DuplicateSkillRow struct {
 	Name string
 	Dirs []string
+}
+
+// JobListView is one page of the org's jobs from the control API, newest first.
+type JobListView struct {
+	Frame DashboardFrame
+	Error string // the control API did not answer
+	Jobs  []JobRow
+	First templ.SafeURL // back to the newest; empty on the first page
+	Next  templ.SafeURL // the next (older) page; empty on the last
+}
+
+// JobDetailView is one job, what its outcome says, its progress and its newest events.
+type JobDetailView struct {
+	Frame          DashboardFrame
+	Job            JobRow
+	Outcome        string // the worker's outcome status from its outcome event; "" before one
+	Reason         string // the outcome's reason
+	SkillsDisabled []string
+	// Progress is what the worker's progress, checkpoint and resume events say was
+	// persisted; nil when no event says anything about it (not a checkpointed run).
+	Progress  *JobProgress
+	Events    []JobEventRow
+	Truncated bool // older events were left out
+}
+
+// JobProgress is a checkpointed run's progress as its events state it: the categories
+// persisted, and the total only when an event names one (the manifest's count is not
+// in the events the worker writes today, so Total is usually 0 and only the count shows).
+type JobProgress struct {
+	Persisted  int
+	Total      int // 0: not known from the events
+	Percent    int // of Total; 0 when Total is not known
+	Categories []string
+}
+
+// JobEventRow is one event of a job, its data shown as the worker wrote it.
+type JobEventRow struct {
+	ID      int64
+	Attempt int
+	Kind    string
+	At      string
+	Data    string
+}
+
+// SubagentsView is the org's subagents, running and finished, newest first.
+type SubagentsView struct {
+	Frame DashboardFrame
+	Error string
+	Rows  []SubagentRow
+}
+
+// SubagentRow is one subagent handle; Notice is the answer to the last action on the row
+// (a refusal's reason, or what was done), shown in the row it swapped.
+type SubagentRow struct {
+	ID        string
+	Goal      string
+	Role      string
+	Parent    string // the parent session or subagent
+	Job       string
+	Status    string
+	Summary   string
+	Pending   int
+	Started   string
+	Ended     string
+	Cancelled string // who cancelled it and why
+	Live      bool   // running or cancelling: the mailbox is read
+	Running   bool   // running: Cancel and Send message are offered
+	Notice    string
+	Refused   bool // Notice is a refusal
+}
+
+// SubagentHX is the htmx URL of an action (cancel, messages) on subagent id. Subagent ids
+// are checked by the control API (letters, digits and . _ : -) and escaped here as a path
+// segment all the same, so the id cannot end the path or add to it.
+func (p Paths) SubagentHX(id, action string) string {
+	return p.HX("/subagents/" + url.PathEscape(id) + "/" + action)
+}
+
+// LeasesPageView is the org's home: and session: leases with their recent events.
+type LeasesPageView struct {
+	Frame     DashboardFrame
+	Error     string
+	Leases    []LeaseDetailRow
+	Truncated bool
+	Notice    string // what the last force release did, or why it was refused
+	Refused   bool
+	// Confirm is the key a force release is being confirmed for (the form asking a reason).
+	Confirm string
+}
+
+// LeaseDetailRow is one lease and its newest events.
+type LeaseDetailRow struct {
+	Key      string
+	Holder   string // "" when free
+	Held     bool
+	Epoch    int64
+	Acquired string
+	Expires  string
+	Confirm  templ.SafeURL // the page asking for the force release's reason
+	Events   []LeaseEventRow
+	Error    string // the events could not be read
+}
+
+// LeaseEventRow is one event of a lease's history.
+type LeaseEventRow struct {
+	Kind   string
+	Holder string
+	Epoch  int64
+	Actor  string
+	Reason string
+	At     string
 }

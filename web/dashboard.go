@@ -64,6 +64,8 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/sessions/{id} one session's transcript (?system=1 shows the system prompt)
 //	<prefix>/memory       MEMORY.md and USER.md, read-only
 //	<prefix>/skills       authored and bundled skills
+//	<prefix>/jobs         the org's jobs from the control API (?cursor= next page)
+//	<prefix>/jobs/{id}    one job: outcome, progress, newest events
 func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 	if err := orghome.ValidID(cfg.Org); err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -125,6 +127,8 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Get(p+"/sessions/{id}", h.HermesTranscript)
 			r.Get(p+"/memory", h.Memory)
 			r.Get(p+"/skills", h.Skills)
+			r.Get(p+"/jobs", h.Jobs)
+			r.Get(p+"/jobs/{id}", h.Job)
 		})
 	})
 	return r, nil
