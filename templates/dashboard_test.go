@@ -3,6 +3,7 @@ package templates
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
 
@@ -285,4 +286,47 @@ func TestAJobShowsProgressOfAKnownTotalOrJustTheCount(t *testing.T) {
 	if byTestID(d, "jobs-none").Length() != 1 {
 		t.Error("no empty state")
 	}
+}
+
+func TestASubagentRowOffersCancelAndSendOnlyWhileRunningAndKeepsItsIDOutOfText(t *testing.T) {
+	p := Paths{Prefix: "/orgs/acme"}
+	d := render(t, inTable(SubagentRowFragment(p, SubagentRow{ID: "sub.1:a", Goal: hostile, Summary: hostile, Status: "running", Running: true, Live: true, Pending: 2})))
+	for id, want := range map[string]string{"subagent-cancel": "/orgs/acme/subagents/sub.1:a/cancel", "subagent-send": "/orgs/acme/subagents/sub.1:a/messages"} {
+		if got, _ := byTestID(d, id).Attr("hx-post"); got != want {
+			t.Errorf("%s posts to %q, want %q", id, got, want)
+		}
+		if got, _ := byTestID(d, id).Attr("action"); got != want {
+			t.Errorf("%s's form action %q", id, got)
+		}
+	}
+	if byTestID(d, "subagent-goal").Text() != hostile || byTestID(d, "subagent-summary").Text() != hostile {
+		t.Error("goal or summary not shown as text")
+	}
+	if got := byTestID(d, "subagent-send").Find(`input[name="body"]`).Length(); got != 1 {
+		t.Error("no body field")
+	}
+	if got := p.SubagentHX("a/../b", "cancel"); got != "/orgs/acme/subagents/a%2F..%2Fb/cancel" {
+		t.Errorf("an id with a slash makes %q", got)
+	}
+	d = render(t, inTable(SubagentRowFragment(p, SubagentRow{ID: "s2", Status: "done", Notice: hostile, Refused: true})))
+	if byTestID(d, "subagent-cancel").Length() != 0 || byTestID(d, "subagent-send").Length() != 0 {
+		t.Error("an ended subagent offers actions")
+	}
+	if byTestID(d, "subagent-notice").Text() != hostile {
+		t.Error("the refusal is not shown as text")
+	}
+}
+
+// inTable is a row fragment inside a table, where an HTML parser keeps a row.
+func inTable(row templ.Component) templ.Component {
+	return templ.ComponentFunc(func(ctx context.Context, w io.Writer) error {
+		if _, err := io.WriteString(w, "<table>"); err != nil {
+			return err
+		}
+		if err := row.Render(ctx, w); err != nil {
+			return err
+		}
+		_, err := io.WriteString(w, "</table>")
+		return err
+	})
 }

@@ -66,6 +66,8 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/skills       authored and bundled skills
 //	<prefix>/jobs         the org's jobs from the control API (?cursor= next page)
 //	<prefix>/jobs/{id}    one job: outcome, progress, newest events
+//	<prefix>/subagents    running and finished subagents; POST .../{id}/cancel and
+//	                      .../{id}/messages (body) act through the control API as the operator
 func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 	if err := orghome.ValidID(cfg.Org); err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -129,6 +131,9 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Get(p+"/skills", h.Skills)
 			r.Get(p+"/jobs", h.Jobs)
 			r.Get(p+"/jobs/{id}", h.Job)
+			r.Get(p+"/subagents", h.Subagents)
+			r.Post(p+"/subagents/{id}/cancel", h.SubagentCancel)
+			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
 		})
 	})
 	return r, nil

@@ -1,0 +1,168 @@
+package web_test
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"hermeshost/subagent"
+)
+
+// holds fails the test unless cond, an SQL boolean over the database, is true (a false
+// or null one divides by zero).
+func (d *dash) holds(cond string, args ...any) {
+	d.t.Helper()
+	d.exec(`SELECT 1/(CASE WHEN (`+cond+`) THEN 1 ELSE 0 END)`, args...)
+}
+
+// htmxPost is a form POST as htmx sends it from a row's button.
+func htmxPost(d *dash, operator, path string, form map[string]string) (int, *strings.Builder) {
+	r := d.as(operator).POST(path).WithHeader("HX-Request", "true").WithHeader("HX-Target", "row")
+	for k, v := range form {
+		r = r.WithFormField(k, v)
+	}
+	resp := r.Expect()
+	var b strings.Builder
+	b.WriteString(resp.Body().Raw())
+	return resp.Raw().StatusCode, &b
+}
+
+func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	ctx := context.Background()
+	for _, st := range []subagent.Start{
+		{ID: "sub-run", JobID: "job-1", Goal: hostile, Role: "researcher"},
+		{ID: "sub-done", ParentSession: "sess-1", Goal: "summarise the catalogue"},
+		{ID: "sub-msg", ParentSubagent: "sub-run", Goal: "write the claims"},
+	} {
+		if _, err := d.control.StartSubagent(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.control.StopSubagent(ctx, "sub-done", subagent.Done, hostile); err != nil {
+		t.Fatal(err)
+	}
+	d.exec(`INSERT INTO subagents (org, id, goal, status) VALUES ('globex', 'sub-globex', 'globex secret goal', 'running')`)
+
+	e := d.as("ada")
+	body := get(e, "/orgs/acme/subagents").Expect().Status(http.StatusOK).Body().Raw()
+	p := doc(t, body, "/orgs/acme")
+	if got := texts(testid(p, "subagent-id")); len(got) != 3 {
+		t.Errorf("subagents listed %v", got)
+	}
+	if strings.Contains(body, "globex") {
+		t.Error("another org's subagent is listed")
+	}
+	if got := texts(testid(p, "subagent-goal")); !strings.Contains(strings.Join(got, "\n"), hostile) {
+		t.Errorf("goals %q", got)
+	}
+	if got := texts(testid(p, "subagent-summary")); !strings.Contains(strings.Join(got, "\n"), hostile) {
+		t.Errorf("summaries %q", got)
+	}
+	if n := testid(p, "subagent-cancel").Length(); n != 2 {
+		t.Errorf("%d Cancel buttons for two running subagents", n)
+	}
+	cancelForm := testid(p, "subagent-cancel").First()
+	if post, _ := cancelForm.Attr("hx-post"); !strings.HasPrefix(post, "/orgs/acme/subagents/sub-") || !strings.HasSuffix(post, "/cancel") {
+		t.Errorf("Cancel posts to %q", post)
+	}
+	if tgt, _ := cancelForm.Attr("hx-target"); tgt != "closest tr" {
+		t.Errorf("Cancel targets %q", tgt)
+	}
+	if sw, _ := cancelForm.Attr("hx-swap"); sw != "outerHTML" {
+		t.Errorf("Cancel swaps %q", sw)
+	}
+
+	// Send: the row comes back with the message waiting; the child drains it once.
+	status, frag := htmxPost(d, "ada", "/orgs/acme/subagents/sub-msg/messages", map[string]string{"body": hostile})
+	if status != http.StatusOK {
+		t.Fatalf("send: %d %s", status, frag)
+	}
+	f := doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
+	if strings.Contains(frag.String(), "<html") || testid(f, "subagent").Length() != 1 {
+		t.Errorf("send did not answer with the row alone: %s", frag)
+	}
+	if got := testid(f, "subagent-pending").Text(); !strings.Contains(got, "1 waiting") {
+		t.Errorf("pending after send %q", got)
+	}
+	if got := testid(f, "subagent-notice").Text(); !strings.Contains(got, "queued") {
+		t.Errorf("notice %q", got)
+	}
+	box, err := d.control.Mailbox(ctx, "sub-msg", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(box.Messages) != 1 || box.Messages[0].Body != hostile || box.Messages[0].Sender != "operator:ada" {
+		t.Fatalf("mailbox %+v", box.Messages)
+	}
+	if n, err := d.control.Ack(ctx, "sub-msg", []int64{box.Messages[0].ID}); err != nil || n != 1 {
+		t.Fatalf("ack %d %v", n, err)
+	}
+	if box, err = d.control.Mailbox(ctx, "sub-msg", 0); err != nil || len(box.Messages) != 0 {
+		t.Fatalf("after ack the mailbox holds %+v (%v)", box.Messages, err)
+	}
+
+	// An empty message is refused in the row, nothing queued.
+	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-msg/messages", map[string]string{"body": "  "})
+	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "Write a message") {
+		t.Errorf("empty message: %d %s", status, frag)
+	}
+	d.holds(`(SELECT count(*) FROM subagent_messages WHERE org = 'acme' AND subagent_id = 'sub-msg') = 1`)
+
+	// Cancel: the row says cancelling, without its buttons; Postgres records who asked.
+	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-run/cancel", nil)
+	f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
+	if status != http.StatusOK || testid(f, "subagent-status").Text() != subagent.Cancelling || testid(f, "subagent-cancel").Length() != 0 {
+		t.Errorf("cancel: %d %s", status, frag)
+	}
+	if got := testid(f, "subagent-cancelled").Text(); !strings.Contains(got, "operator:ada") {
+		t.Errorf("cancelled by %q", got)
+	}
+	d.holds(`(SELECT count(*) FROM subagents WHERE org = 'acme' AND id = 'sub-run' AND status IN ('cancelling', 'cancelled') AND cancelled_by = 'operator:ada') = 1`)
+
+	// Refusals show their reason in the row, 200 so htmx swaps it.
+	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-run/messages", map[string]string{"body": "still there?"})
+	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "being cancelled") {
+		t.Errorf("message to a cancelling subagent: %d %s", status, frag)
+	}
+	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-done/cancel", nil)
+	f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
+	if status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "has ended") || testid(f, "subagent-status").Text() != subagent.Done {
+		t.Errorf("cancel of an ended subagent: %d %s", status, frag)
+	}
+	if class, _ := testid(f, "subagent-notice").Attr("class"); !strings.Contains(class, "error") {
+		t.Errorf("a refusal's notice is %q", class)
+	}
+
+	// Without htmx, the POST comes back to the page.
+	d.as("ada").POST("/orgs/acme/subagents/sub-msg/messages").WithFormField("body", "plain form").
+		Expect().Status(http.StatusSeeOther).Header("Location").IsEqual("/orgs/acme/subagents")
+	d.holds(`(SELECT count(*) FROM subagent_messages WHERE org = 'acme' AND subagent_id = 'sub-msg' AND body = 'plain form' AND sender = 'operator:ada') = 1`)
+}
+
+func TestAnotherOrgsSubagentCannotBeCancelledOrMessagedThroughThisDashboard(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	d.exec(`INSERT INTO subagents (org, id, goal, status) VALUES ('globex', 'sub-globex', 'globex secret goal', 'running')`)
+	for _, path := range []string{"/orgs/acme/subagents/sub-globex/cancel", "/orgs/acme/subagents/sub-globex/messages"} {
+		status, frag := htmxPost(d, "ada", path, map[string]string{"body": "hello"})
+		if status != http.StatusNotFound || strings.Contains(frag.String(), "globex secret") {
+			t.Errorf("%s: %d %s", path, status, frag)
+		}
+		// No assertion: refused before anything is asked of the control API.
+		d.anonymous().POST(path).WithFormField("body", "hello").Expect().Status(http.StatusUnauthorized)
+	}
+	d.holds(`(SELECT count(*) FROM subagents WHERE org = 'globex' AND id = 'sub-globex' AND status = 'running' AND cancelled_by IS NULL) = 1`)
+	d.holds(`NOT EXISTS (SELECT 1 FROM subagent_messages)`)
+}
+
+func TestTheSubagentsPageSaysWhatToDoWithNone(t *testing.T) {
+	other := newOrgHome(t, filepath.Join(t.TempDir(), "orgs"), "initech", 0)
+	p := page(t, newDash(t, dashOptions{home: other}).as("ada"), "/orgs/initech/subagents", "/orgs/initech")
+	if got := testid(p, "subagents-none").Text(); !strings.Contains(got, "run a job") {
+		t.Errorf("empty state %q", got)
+	}
+}
