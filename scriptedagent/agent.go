@@ -241,7 +241,7 @@ func (r *run) main() (int, error) {
 // whose last message is a stored user message, the model's summary printed, exit 0.
 func (r *run) summarize(sofar map[string]any) (int, error) {
 	fmt.Fprintf(r.stdout, "⚠️  Reached maximum iterations (%d). Requesting summary...\n", r.maxTurns)
-	summary, err := r.ask(TurnLimitNotice)
+	summary, err := r.askAsUser(TurnLimitNotice)
 	if err != nil {
 		return ExitFailed, err
 	}

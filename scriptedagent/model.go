@@ -110,11 +110,20 @@ func (r *run) complete(messages []map[string]string) (string, usage, error) {
 	return text.String(), u, nil
 }
 
-// ask sends one user message to the model behind the gateway and records both sides, as
-// Hermes persists a run step by step.
-func (r *run) ask(prompt string) (string, error) {
-	if err := r.message("user", prompt, nil, "", ""); err != nil {
-		return "", err
+// ask sends one request to the model behind the gateway and records its answer, as Hermes
+// persists a run step by step. The script's prompt for a step is its own device, not a
+// message of the conversation (the real CLI stores one user message a turn), so it is not
+// stored; askAsUser stores it, for the one user message the real CLI does add (the
+// turn-limit notice).
+func (r *run) ask(prompt string) (string, error) { return r.askStoring(prompt, false) }
+
+func (r *run) askAsUser(prompt string) (string, error) { return r.askStoring(prompt, true) }
+
+func (r *run) askStoring(prompt string, storeUser bool) (string, error) {
+	if storeUser {
+		if err := r.message("user", prompt, nil, "", ""); err != nil {
+			return "", err
+		}
 	}
 	messages := []map[string]string{{"role": "system", "content": r.systemPrompt}, {"role": "user", "content": prompt}}
 	content, u, err := r.complete(messages)

@@ -247,6 +247,31 @@ func TestTurnLimitWithAJSONSummaryIsResumedNotCompleted(t *testing.T) {
 		if got := w.guidelines(ctx, job); len(got) != 5 {
 			t.Fatalf("proposals: %v", got)
 		}
+		// As the real CLI stores it: a user message per run (the prompt, then the resumed
+		// one) and the turn-limit notice, nothing else in the user's name.
+		h, err := orghome.OpenHome("acme", w.home("acme"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		st, err := h.OpenState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		tr, err := st.Transcript(ctx, resumed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var users []string
+		for _, m := range tr.Messages {
+			if m.Role == "user" {
+				users = append(users, m.Content)
+			}
+		}
+		if len(users) != 3 || users[1] != scriptedagent.TurnLimitNotice {
+			t.Fatalf("the session's user messages: %q", users)
+		}
 	})
 }
 
