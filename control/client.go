@@ -114,6 +114,22 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	return d, err
 }
 
+// JobEvents is the org's job events with an id above after, oldest first (a page of at most
+// MaxFeedEvents), waiting up to wait (rounded up to milliseconds; at most the server's
+// maximum) while there are none. Pass the answer's Last as the next after to resume.
+func (c *Client) JobEvents(ctx context.Context, after int64, wait time.Duration) (JobEventFeed, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	if wait > 0 {
+		q.Set("wait_ms", strconv.FormatInt(ceilMillis(wait), 10))
+	}
+	var feed JobEventFeed
+	err := c.do(ctx, "job events", http.MethodGet, "/v1/jobs/events", q, nil, &feed)
+	return feed, err
+}
+
 // Acquire takes key (home:<own org> or session:<id>) for holder for ttl. With wait 0 it
 // tries once; otherwise it waits up to wait (at most the server's maximum) for the key to
 // come free. A key still held is an error for which IsHeld is true. Durations are sent in

@@ -11,8 +11,29 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/jackc/pgx/v5"
+
+	"hermeshost/mirror"
 )
+
+// MaxFeedEvents is the most events one GET /v1/jobs/events returns.
+const MaxFeedEvents = mirror.MaxPage
+
+// FeedEvent is one event of GET /v1/jobs/events: a job's event with the job it belongs to.
+type FeedEvent struct {
+	ID      int64           `json:"id"`
+	JobID   string          `json:"job_id"`
+	Attempt int             `json:"attempt"`
+	Kind    string          `json:"kind"`
+	Data    json.RawMessage `json:"data"`
+	At      time.Time       `json:"at"`
+}
+
+// JobEventFeed is one answer of GET /v1/jobs/events: the events, oldest first, and Last,
+// the id to pass as after next time (the request's own after when there were none).
+type JobEventFeed struct {
+	Events []FeedEvent `json:"events"`
+	Last   int64       `json:"last"`
+}
 
 // jobsCursor is where a page ended: the last row's (updated_at, job_id), the keyset the
 // next page continues below. It travels as opaque base64url JSON.
@@ -64,23 +85,18 @@ func (s *Server) jobsList(w http.ResponseWriter, r *http.Request) {
 		t := time.UnixMicro(c.UpdatedAt)
 		afterAt, afterID = &t, c.JobID
 	}
-	rows, err := s.cfg.DB.Query(r.Context(), `
-SELECT job_id, type, status, attempt, coalesce(error, ''), result, updated_at
-  FROM mirror_jobs
- WHERE org = $1 AND ($2::timestamptz IS NULL OR (updated_at, job_id) < ($2, $3))
- ORDER BY updated_at DESC, job_id DESC
- LIMIT $4`, orgOf(r), afterAt, afterID, limit+1)
+	var after *mirror.Cursor // nil: the first page
+	if afterAt != nil {
+		after = &mirror.Cursor{UpdatedAt: *afterAt, JobID: afterID}
+	}
+	rows, err := s.mirror.Jobs(r.Context(), orgOf(r), after, limit+1)
 	if err != nil {
 		s.internal(w, r, err)
 		return
 	}
-	jobs, err := pgx.CollectRows(rows, scanJob)
-	if err != nil {
-		s.internal(w, r, err)
-		return
-	}
-	if jobs == nil {
-		jobs = []Job{}
+	jobs := make([]Job, 0, len(rows))
+	for _, j := range rows {
+		jobs = append(jobs, jobOf(j))
 	}
 	page := JobsPage{Jobs: jobs}
 	if len(jobs) > limit {
@@ -91,10 +107,8 @@ SELECT job_id, type, status, attempt, coalesce(error, ''), result, updated_at
 	writeJSON(w, http.StatusOK, page)
 }
 
-func scanJob(row pgx.CollectableRow) (Job, error) {
-	var j Job
-	err := row.Scan(&j.ID, &j.Type, &j.Status, &j.Attempt, &j.Error, &j.Result, &j.UpdatedAt)
-	return j, err
+func jobOf(j mirror.Job) Job {
+	return Job{ID: j.ID, Type: j.Type, Status: j.Status, Attempt: j.Attempt, Error: j.Error, Result: j.Result, UpdatedAt: j.UpdatedAt}
 }
 
 // jobShow is GET /v1/jobs/{id}: one job of the caller's org and its newest events. A job
@@ -105,15 +119,8 @@ func (s *Server) jobShow(w http.ResponseWriter, r *http.Request) {
 		writeNotFound(w, "no such job")
 		return
 	}
-	rows, err := s.cfg.DB.Query(r.Context(), `
-SELECT job_id, type, status, attempt, coalesce(error, ''), result, updated_at
-  FROM mirror_jobs WHERE job_id = $1 AND org = $2`, id, orgOf(r))
-	if err != nil {
-		s.internal(w, r, err)
-		return
-	}
-	job, err := pgx.CollectExactlyOneRow(rows, scanJob)
-	if errors.Is(err, pgx.ErrNoRows) {
+	job, events, truncated, err := s.mirror.Job(r.Context(), orgOf(r), id, MaxJobEvents)
+	if errors.Is(err, mirror.ErrNotFound) {
 		writeNotFound(w, "no such job")
 		return
 	}
@@ -121,29 +128,46 @@ SELECT job_id, type, status, attempt, coalesce(error, ''), result, updated_at
 		s.internal(w, r, err)
 		return
 	}
-	rows, err = s.cfg.DB.Query(r.Context(), `
-SELECT id, attempt, kind, data, at FROM (
-    SELECT id, attempt, kind, data, at FROM mirror_job_events WHERE job_id = $1 ORDER BY id DESC LIMIT $2
-) newest ORDER BY id`, job.ID, MaxJobEvents+1)
-	if err != nil {
-		s.internal(w, r, err)
-		return
-	}
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (JobEvent, error) {
-		var e JobEvent
-		err := row.Scan(&e.ID, &e.Attempt, &e.Kind, &e.Data, &e.At)
-		return e, err
-	})
-	if err != nil {
-		s.internal(w, r, err)
-		return
-	}
-	d := JobDetail{Job: job, Events: events}
-	if len(events) > MaxJobEvents {
-		d.Events, d.Truncated = events[len(events)-MaxJobEvents:], true
-	}
-	if d.Events == nil {
-		d.Events = []JobEvent{}
+	d := JobDetail{Job: jobOf(job), Events: make([]JobEvent, 0, len(events)), Truncated: truncated}
+	for _, e := range events {
+		d.Events = append(d.Events, JobEvent{ID: e.ID, Attempt: e.Attempt, Kind: e.Kind, Data: e.Data, At: e.At})
 	}
 	writeJSON(w, http.StatusOK, d)
+}
+
+// jobEvents is GET /v1/jobs/events?after=ID&wait_ms=N: the caller's org's events with an id
+// above after, oldest first, at most MaxFeedEvents; when there are none it waits up to
+// wait_ms (at most Config.MaxWait) for one. A caller resumes by passing the last id it saw.
+func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var after int64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			badRequest(w, "after must be an event id (an integer from 0)")
+			return
+		}
+		after = n
+	}
+	var wait time.Duration
+	if v := q.Get("wait_ms"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		most := min(s.cfg.MaxWait, mirror.MaxWait)
+		if err != nil || ms < 0 || millis(ms) > most {
+			badRequest(w, "wait_ms must be an integer from 0 to %d", most.Milliseconds())
+			return
+		}
+		wait = millis(ms)
+	}
+	events, err := s.mirror.Since(r.Context(), orgOf(r), after, MaxFeedEvents, wait)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	feed := JobEventFeed{Events: make([]FeedEvent, 0, len(events)), Last: after}
+	for _, e := range events {
+		feed.Events = append(feed.Events, FeedEvent{ID: e.ID, JobID: e.JobID, Attempt: e.Attempt, Kind: e.Kind, Data: e.Data, At: e.At})
+		feed.Last = e.ID
+	}
+	writeJSON(w, http.StatusOK, feed)
 }

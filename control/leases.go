@@ -336,3 +336,132 @@ func (s *Server) leaseList(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// CodeNotHeld is a force release of a key nobody holds.
+const CodeNotHeld = "not_held"
+
+// Bounds of GET /v1/leases/{key}/events?limit=.
+const (
+	DefaultLeaseEventsLimit = 20
+	MaxLeaseEventsLimit     = 200
+)
+
+// LeaseEvent is one row of a lease's history, its key in the caller's form.
+type LeaseEvent struct {
+	ID             int64     `json:"id"`
+	Key            string    `json:"key"`
+	Kind           string    `json:"kind"` // acquire, takeover, refresh, release, expire, force_release
+	Holder         string    `json:"holder"`
+	Epoch          int64     `json:"epoch"`
+	PreviousHolder string    `json:"previous_holder,omitempty"`
+	Actor          string    `json:"actor,omitempty"`
+	Reason         string    `json:"reason,omitempty"`
+	At             time.Time `json:"at"`
+}
+
+// LeaseEvents is GET /v1/leases/{key}/events: the key's newest events, newest first.
+type LeaseEvents struct {
+	Events []LeaseEvent `json:"events"`
+}
+
+// leaseEvents is GET /v1/leases/{key}/events?limit=N: the history of a key of the caller's
+// own (home:<org>, session:<id>); another org's key or an org: key is 403, as everywhere.
+func (s *Server) leaseEvents(w http.ResponseWriter, r *http.Request) {
+	raw, err := url.PathUnescape(chi.URLParam(r, "key"))
+	if err != nil {
+		badRequest(w, "the lease key in the path is not validly escaped")
+		return
+	}
+	key, ok := scopeKey(w, orgOf(r), raw)
+	if !ok {
+		return
+	}
+	limit := DefaultLeaseEventsLimit
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxLeaseEventsLimit {
+			badRequest(w, "limit must be an integer from 1 to %d", MaxLeaseEventsLimit)
+			return
+		}
+		limit = n
+	}
+	evs, err := s.cfg.Leases.Events(r.Context(), key.stored, limit)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	out := LeaseEvents{Events: make([]LeaseEvent, 0, len(evs))}
+	for _, e := range evs {
+		out.Events = append(out.Events, LeaseEvent{
+			ID: e.ID, Key: key.client, Kind: e.Kind, Holder: e.Holder, Epoch: e.Epoch,
+			PreviousHolder: e.PreviousHolder, Actor: e.Actor, Reason: e.Reason, At: e.At,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+type forceReleaseRequest struct {
+	Key    string `json:"key"`
+	Actor  string `json:"actor"`
+	Reason string `json:"reason"`
+}
+
+// leaseForceRelease is POST /v1/leases/force-release {key, actor, reason}: frees a key of
+// the caller's own (home:<org>, session:<id>) whoever holds it, moving the epoch on so the
+// old holder's refreshes and fenced writes are refused; the event records actor and
+// reason. The answer is the holding that was released. org: keys and other orgs' are 403,
+// nothing changed; a key nobody holds is 409 not_held.
+func (s *Server) leaseForceRelease(w http.ResponseWriter, r *http.Request) {
+	var req forceReleaseRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	key, ok := scopeKey(w, orgOf(r), req.Key)
+	if !ok {
+		return
+	}
+	if strings.TrimSpace(req.Reason) == "" {
+		badRequest(w, "a force release needs a reason, recorded with it")
+		return
+	}
+	if !checkLeaseInput(w, lease.CheckHolder(req.Actor)) {
+		return
+	}
+	old, err := s.cfg.Leases.ForceRelease(r.Context(), key.stored, req.Actor, req.Reason)
+	switch {
+	case errors.Is(err, lease.ErrNotHeld):
+		service.WriteError(w, http.StatusConflict, CodeNotHeld, "lease "+key.client+" is not held; there is nothing to release")
+	case errors.Is(err, lease.ErrUnknownKey):
+		writeNotFound(w, "no lease "+key.client+" was ever taken")
+	case errors.Is(err, lease.ErrInvalid):
+		badRequest(w, "%v", err)
+	case err != nil:
+		s.internal(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, wireLease(key, old))
+	}
+}
+
+// IsNotHeld reports whether err is a force release of a key nobody holds.
+func IsNotHeld(err error) bool { e := apiError(err); return e != nil && e.Code == CodeNotHeld }
+
+// LeaseEvents is the newest limit events of key (one of the org's own), newest first;
+// limit 0 is the server's default.
+func (c *Client) LeaseEvents(ctx context.Context, key string, limit int) ([]LeaseEvent, error) {
+	q := url.Values{}
+	if limit != 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out LeaseEvents
+	err := c.do(ctx, "lease events", http.MethodGet, "/v1/leases/"+url.PathEscape(key)+"/events", q, nil, &out)
+	return out.Events, err
+}
+
+// ForceRelease frees key (one of the org's own) whoever holds it, recording actor and
+// reason, and returns the holding it ended; IsNotHeld when nobody holds it.
+func (c *Client) ForceRelease(ctx context.Context, key, actor, reason string) (Lease, error) {
+	var l Lease
+	err := c.do(ctx, "force release", http.MethodPost, "/v1/leases/force-release", nil,
+		forceReleaseRequest{Key: key, Actor: actor, Reason: reason}, &l)
+	return l, err
+}

@@ -2,12 +2,16 @@ package control
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gavv/httpexpect/v2"
+	"github.com/jackc/pgx/v5"
+
+	"hermeshost/lease"
 )
 
 type acquireBody = map[string]any
@@ -269,5 +273,96 @@ func TestLeaseListShowsOnlyTheCallersOwnHomeAndSessionLeases(t *testing.T) {
 	list, err := f.client(f.key(orgA)).Leases(ctx, LeaseQuery{Held: true, Limit: 5})
 	if err != nil || len(list.Leases) != 2 || list.Truncated {
 		t.Fatalf("client: %+v %v", list, err)
+	}
+}
+
+func TestForceReleaseMovesTheEpochOnAndRefusesTheOldHoldersFencedWrite(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a := f.as(orgA)
+	var held Lease
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK).JSON().Decode(&held)
+	f.as(orgB).POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:chat-1", "holder": "globex-turn", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:chat-1", "holder": "acme-turn", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+
+	c := f.client(f.key(orgA))
+	old, err := c.ForceRelease(ctx, "home:acme", "operator:ada", "worker wedged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old.Key != "home:acme" || old.Holder != "worker-1" || old.Epoch != held.Epoch {
+		t.Fatalf("released %+v", old)
+	}
+	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().
+		HasValue("held", false).HasValue("holder", "").HasValue("epoch", held.Epoch+1)
+	// The old holder can neither refresh nor write under its holding.
+	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": held.Epoch, "ttl_ms": 60000}).
+		Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "lost")
+	wrote := false
+	err = f.leases.WithFence(ctx, lease.Lease{Key: "home:acme", Holder: "worker-1", Epoch: held.Epoch}, func(pgx.Tx) error {
+		wrote = true
+		return nil
+	})
+	if !errors.Is(err, lease.ErrLost) || wrote {
+		t.Fatalf("the old holder's fenced write: %v (ran: %v)", err, wrote)
+	}
+
+	evs, err := c.LeaseEvents(ctx, "home:acme", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || evs[0].Kind != "force_release" || evs[0].Actor != "operator:ada" || evs[0].Reason != "worker wedged" ||
+		evs[0].Holder != "worker-1" || evs[0].Key != "home:acme" || evs[1].Kind != "acquire" {
+		t.Fatalf("events %+v", evs)
+	}
+
+	// A session lease is the caller's own: globex's of the same id is left held.
+	if _, err := c.ForceRelease(ctx, "session:chat-1", "operator:ada", "stuck turn"); err != nil {
+		t.Fatal(err)
+	}
+	f.as(orgB).GET("/v1/leases/session:chat-1").Expect().Status(http.StatusOK).JSON().Object().
+		HasValue("held", true).HasValue("holder", "globex-turn")
+	sevs, err := c.LeaseEvents(ctx, "session:chat-1", 1)
+	if err != nil || len(sevs) != 1 || sevs[0].Key != "session:chat-1" || sevs[0].Kind != "force_release" {
+		t.Fatalf("session events %+v %v", sevs, err)
+	}
+
+	// Nothing held, never taken, no reason: refused, each for its reason.
+	if _, err := c.ForceRelease(ctx, "home:acme", "operator:ada", "again"); !IsNotHeld(err) {
+		t.Errorf("a second force release: %v", err)
+	}
+	if _, err := c.ForceRelease(ctx, "session:never", "operator:ada", "why"); !IsNotFound(err) {
+		t.Errorf("a key never taken: %v", err)
+	}
+	a.POST("/v1/leases/force-release").WithJSON(map[string]any{"key": "session:chat-1", "actor": "operator:ada", "reason": " "}).
+		Expect().Status(http.StatusBadRequest).JSON().Object().HasValue("error", "invalid")
+	a.GET("/v1/leases/home:acme/events").WithQuery("limit", 0).Expect().Status(http.StatusBadRequest)
+}
+
+func TestForceReleaseAndEventsOfOtherOrgsAndOrgLeasesAreForbiddenAndUntouched(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.as(orgB).POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "home:globex", "holder": "worker-b", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	for _, org := range []string{orgA, orgB} {
+		if _, err := f.leases.TryAcquire(ctx, "org:"+org, "dispatcher-1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := f.snapshot()
+	a := f.as(orgA)
+	for _, key := range []string{"home:globex", "home:acme-2", "org:acme", "org:globex"} {
+		a.POST("/v1/leases/force-release").WithJSON(map[string]any{"key": key, "actor": "operator:ada", "reason": "mine now"}).
+			Expect().Status(http.StatusForbidden).JSON().Object().HasValue("error", "forbidden")
+		a.GET("/v1/leases/{key}/events", key).Expect().Status(http.StatusForbidden)
+	}
+	if _, err := f.client(f.key(orgA)).LeaseEvents(ctx, "home:globex", 0); !IsForbidden(err) {
+		t.Errorf("the client reading another org's events: %v", err)
+	}
+	if after := f.snapshot(); after != before {
+		t.Fatalf("a forbidden request wrote:\n%s\nthen\n%s", before, after)
 	}
 }

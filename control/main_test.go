@@ -58,6 +58,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return &fixture{t: t, pool: pool, leases: store, subs: subs, server: s, srv: srv, reg: reg, logs: logs}

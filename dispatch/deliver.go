@@ -19,6 +19,7 @@ import (
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
 	"hermeshost/lease"
+	"hermeshost/mirror"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/worker"
@@ -74,47 +75,27 @@ func (d *Dispatcher) start(ctx context.Context, dl *delivery, claim *sartiq.Clai
 // Wait waits for the jobs in flight.
 func (d *Dispatcher) Wait() { d.wg.Wait() }
 
+// recordClaim records the attempt and mirrors the claim, together.
 func (d *Dispatcher) recordClaim(ctx context.Context, c *sartiq.Claim, kind string) error {
-	_, err := d.cfg.DB.Exec(ctx, `
+	err := pgx.BeginFunc(ctx, d.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
 WITH a AS (
     INSERT INTO claim_attempts (job_id, org, attempt, instance, kind) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (job_id, attempt) DO NOTHING
-), crashed AS (
-    -- A re-claim says the runs before it crashed, whether or not anyone recorded it.
-    UPDATE claim_attempts SET outcome = 'crashed', reason = 're-claimed as stale', finished_at = now()
-     WHERE job_id = $1 AND attempt < $3 AND outcome IS NULL
-), m AS (
-    INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ($1, $2, $6, 'CLAIMED', $3)
-    ON CONFLICT (job_id) DO UPDATE SET status = 'CLAIMED', attempt = EXCLUDED.attempt, error = NULL, updated_at = now()
 )
-SELECT 1`, c.Job.ID, c.OrganizationID, c.Job.Attempt, d.cfg.Instance, kind, c.Job.Type)
-	if err != nil {
-		return fmt.Errorf("record %s of job %s: %w", kind, c.Job.ID, err)
-	}
-	return d.mirrorEvent(ctx, nil, c.Job.ID, c.Job.Attempt, kind, map[string]any{"instance": d.cfg.Instance})
-}
-
-// mirrorEvent records one event of a job; with tx, inside that (fenced) transaction.
-func (d *Dispatcher) mirrorEvent(ctx context.Context, tx pgx.Tx, job string, attempt int, kind string, data any) error {
-	raw, ok := data.(json.RawMessage)
-	if !ok {
-		var err error
-		if raw, err = json.Marshal(data); err != nil {
+-- A re-claim says the runs before it crashed, whether or not anyone recorded it.
+UPDATE claim_attempts SET outcome = 'crashed', reason = 're-claimed as stale', finished_at = now()
+ WHERE job_id = $1 AND attempt < $3 AND outcome IS NULL`, c.Job.ID, c.OrganizationID, c.Job.Attempt, d.cfg.Instance, kind); err != nil {
 			return err
 		}
-	}
-	if len(raw) == 0 || string(raw) == "null" {
-		raw = json.RawMessage(`{}`)
-	}
-	q := `INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ($1, $2, $3, $4)`
-	var err error
-	if tx != nil {
-		_, err = tx.Exec(ctx, q, job, attempt, kind, raw)
-	} else {
-		_, err = d.cfg.DB.Exec(ctx, q, job, attempt, kind, raw)
-	}
+		_, err := d.mirror.Claimed(ctx, tx, mirror.Claim{
+			JobID: c.Job.ID, Org: c.OrganizationID, Type: c.Job.Type, Attempt: c.Job.Attempt,
+			Kind: kind, Data: map[string]any{"instance": d.cfg.Instance},
+		})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("mirror event of job %s: %w", job, err)
+		return fmt.Errorf("record %s of job %s: %w", kind, c.Job.ID, err)
 	}
 	return nil
 }
@@ -129,12 +110,13 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 	}
 	rec, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := d.cfg.DB.Exec(rec, `
-WITH a AS (
-    UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2
-)
-UPDATE mirror_jobs SET status = $5, error = NULLIF($4, ''), result = coalesce($6, result), updated_at = now() WHERE job_id = $1`,
-		c.Job.ID, c.Job.Attempt, outcome, reason, mirrorStatus(outcome), result); err != nil {
+	if err := pgx.BeginFunc(rec, d.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(rec, `UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2`,
+			c.Job.ID, c.Job.Attempt, outcome, reason); err != nil {
+			return err
+		}
+		return d.mirror.Finished(rec, tx, c.Job.ID, mirrorStatus(outcome), reason, result)
+	}); err != nil {
 		log.Error("record outcome", "err", err)
 	}
 	// run-job has ended, and the agent with it: its subagents will never report. Fenced by
@@ -196,7 +178,8 @@ func (d *Dispatcher) prepare(ctx context.Context, c *sartiq.Claim, kept *lease.K
 	// The agent starts only while the home lease is still this delivery's: a dispatcher
 	// that woke up late after losing it never starts a second agent on the home.
 	if err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
-		return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, "deliver", map[string]any{"home_epoch": kept.Lease().Epoch, "runtime": d.cfg.Runtime.Kind()})
+		_, err := d.mirror.Event(ctx, tx, c.OrganizationID, c.Job.ID, c.Job.Attempt, "deliver", map[string]any{"home_epoch": kept.Lease().Epoch, "runtime": d.cfg.Runtime.Kind()})
+		return err
 	}); err != nil {
 		return nil, nil, fmt.Errorf("deliver: %w", err)
 	}
@@ -322,11 +305,12 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 		}
 		err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
 			if ev.Event == "start" {
-				if _, err := tx.Exec(ctx, `UPDATE mirror_jobs SET status = 'RUNNING', updated_at = now() WHERE job_id = $1`, c.Job.ID); err != nil {
+				if err := d.mirror.Running(ctx, tx, c.Job.ID); err != nil {
 					return err
 				}
 			}
-			return d.mirrorEvent(ctx, tx, c.Job.ID, c.Job.Attempt, ev.Event, ev.Data)
+			_, err := d.mirror.Event(ctx, tx, c.OrganizationID, c.Job.ID, c.Job.Attempt, ev.Event, ev.Data)
+			return err
 		})
 		if err != nil && ctx.Err() == nil {
 			d.cfg.Log.Warn("mirror progress", "job", c.Job.ID, "err", err)

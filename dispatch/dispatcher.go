@@ -28,6 +28,7 @@ import (
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
 	"hermeshost/lease"
+	"hermeshost/mirror"
 	"hermeshost/sartiq"
 	"hermeshost/service"
 	"hermeshost/subagent"
@@ -114,6 +115,7 @@ type Dispatcher struct {
 	ownLeases   bool // made by New, closed by Close
 	subagents   *subagent.Store
 	ownSubs     bool
+	mirror      *mirror.Store // writes only: it never starts a listener to close
 	holder      string
 	metrics     *metrics
 	dashMetrics *dashboardMetrics
@@ -194,6 +196,7 @@ func New(cfg Config) *Dispatcher {
 	return &Dispatcher{
 		cfg: cfg, leases: leases, ownLeases: cfg.Leases == nil, metrics: newMetrics(cfg.Registerer),
 		subagents: subs, ownSubs: cfg.Subagents == nil, dashMetrics: newDashboardMetrics(cfg.Registerer),
+		mirror: mirror.New(cfg.DB, mirror.Options{Log: cfg.Log}),
 		// One holder name per process: a restarted dispatcher with the same instance name
 		// waits out its predecessor's leases instead of taking them as its own.
 		holder:   fmt.Sprintf("dispatcher/%s/%d-%s", cfg.Instance, os.Getpid(), rand.Text()[:6]),

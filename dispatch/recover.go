@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"hermeshost/sartiq"
 )
 
@@ -93,9 +95,13 @@ func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
 		return
 	}
 	d.metrics.outcomes.WithLabelValues("failed").Inc()
-	if _, err := d.cfg.DB.Exec(ctx, `
-WITH a AS (UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2)
-UPDATE mirror_jobs SET status = 'FAILED', error = $3, updated_at = now() WHERE job_id = $1`, c.Job.ID, c.Job.Attempt, reason); err != nil {
+	if err := pgx.BeginFunc(ctx, d.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2`,
+			c.Job.ID, c.Job.Attempt, reason); err != nil {
+			return err
+		}
+		return d.mirror.Finished(ctx, tx, c.Job.ID, sartiq.StatusFailed, reason, nil)
+	}); err != nil {
 		d.cfg.Log.Error("record giving up", "job", c.Job.ID, "err", err)
 	}
 	d.cfg.Log.Warn("job failed for good", "job", c.Job.ID, "org", c.OrganizationID, "reason", reason)
@@ -156,12 +162,13 @@ func (d *Dispatcher) reconcile(ctx context.Context, org string, active []sartiq.
 			}
 		}
 		reason := "recorded from the backend's job log by " + d.holder + ": the dispatcher that ran it stopped first"
-		if _, err := d.cfg.DB.Exec(ctx, `
-WITH a AS (
-    UPDATE claim_attempts SET outcome = $3, reason = $4, finished_at = now() WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL
-)
-UPDATE mirror_jobs SET status = $5, updated_at = now() WHERE job_id = $1 AND attempt = $2 AND $5 <> ''`,
-			r.job, r.attempt, outcome, reason, status); err != nil {
+		if err := pgx.BeginFunc(ctx, d.cfg.DB, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `UPDATE claim_attempts SET outcome = $3, reason = $4, finished_at = now() WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL`,
+				r.job, r.attempt, outcome, reason); err != nil {
+				return err
+			}
+			return d.mirror.Reconciled(ctx, tx, r.job, r.attempt, status)
+		}); err != nil {
 			return fmt.Errorf("reconcile job %s: %w", r.job, err)
 		}
 		d.cfg.Log.Info("attempt reconciled from the backend", "job", r.job, "attempt", r.attempt, "outcome", outcome)
