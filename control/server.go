@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"hermeshost/lease"
+	"hermeshost/mirror"
 	"hermeshost/service"
 	"hermeshost/subagent"
 )
@@ -40,6 +41,8 @@ const (
 type Config struct {
 	// DB holds the job mirror (mirror_jobs, mirror_job_events).
 	DB *pgxpool.Pool
+	// Mirror reads the job mirror; when nil the server makes one on DB, which Close closes.
+	Mirror *mirror.Store
 	// Leases is the lease table the org's leases live in.
 	Leases *lease.Store
 	// Subagents holds the subagent handles and mailboxes.
@@ -56,9 +59,11 @@ type Config struct {
 
 // Server is the control API over one database.
 type Server struct {
-	cfg      Config
-	requests *prometheus.CounterVec
-	handler  http.Handler
+	cfg       Config
+	mirror    *mirror.Store
+	ownMirror bool // made by NewServer, closed by Close
+	requests  *prometheus.CounterVec
+	handler   http.Handler
 }
 
 // NewServer checks cfg and builds the route table.
@@ -82,7 +87,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg: cfg,
+		cfg: cfg, mirror: cfg.Mirror, ownMirror: cfg.Mirror == nil,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hermes_control_requests_total", Help: "Control API requests, by route pattern and status code.",
 		}, []string{"route", "code"}),
@@ -92,8 +97,19 @@ func NewServer(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("control server: register metrics: %w", err)
 		}
 	}
+	if s.ownMirror {
+		s.mirror = mirror.New(cfg.DB, mirror.Options{Log: cfg.Log})
+	}
 	s.handler = s.routes()
 	return s, nil
+}
+
+// Close stops the notification listener of the mirror the server made, if a waiting
+// GET /v1/jobs/events started one.
+func (s *Server) Close() {
+	if s.ownMirror {
+		s.mirror.Close()
+	}
 }
 
 // Handler serves the API under /v1/.
@@ -112,6 +128,7 @@ func (s *Server) routes() http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Get("/v1/jobs", s.jobsList)
+		r.Get("/v1/jobs/events", s.jobEvents)
 		r.Get("/v1/jobs/{id}", s.jobShow)
 		r.Post("/v1/leases/acquire", s.leaseAcquire)
 		r.Post("/v1/leases/refresh", s.leaseRefresh)
