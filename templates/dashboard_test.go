@@ -330,3 +330,29 @@ func inTable(row templ.Component) templ.Component {
 		return err
 	})
 }
+
+func TestTheLeasesConfirmationKeepsTheKeyAFormValueAndOffersReleaseOnlyForHeldLeases(t *testing.T) {
+	f := DashboardFrame{Paths: Paths{Prefix: "/orgs/acme"}, Org: "acme", Active: NavLeases}
+	d := render(t, DashboardLeases(LeasesPageView{Frame: f, Confirm: hostile, Notice: hostile, Refused: true, Leases: []LeaseDetailRow{
+		{Key: "home:acme", Holder: "w1", Held: true, Epoch: 3, Confirm: f.Paths.Page("/leases?confirm=home%3Aacme"),
+			Events: []LeaseEventRow{{Kind: "force_release", Holder: "w0", Actor: hostile, Reason: hostile}}},
+		{Key: "session:s1", Epoch: 2},
+	}}))
+	if v, _ := byTestID(d, "force-release-form").Find(`input[name="key"]`).Attr("value"); v != hostile {
+		t.Errorf("the key's form value %q", v)
+	}
+	if byTestID(d, "force-release-key").Text() != hostile || byTestID(d, "leases-notice").Text() != hostile ||
+		byTestID(d, "lease-event-reason").Text() != hostile || byTestID(d, "lease-event-actor").Text() != hostile {
+		t.Error("untrusted text not shown as text")
+	}
+	if n := byTestID(d, "lease-force-release").Length(); n != 1 {
+		t.Errorf("%d Force release links for one held lease", n)
+	}
+	if got := byTestID(d, "nav-leases").AttrOr("aria-current", ""); got != "page" {
+		t.Error("the leases page is not marked open")
+	}
+	d = render(t, DashboardLeases(LeasesPageView{Frame: f}))
+	if byTestID(d, "leases-none").Length() != 1 || byTestID(d, "force-release-form").Length() != 0 {
+		t.Error("the empty page")
+	}
+}

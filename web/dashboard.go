@@ -68,6 +68,8 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/jobs/{id}    one job: outcome, progress, newest events
 //	<prefix>/subagents    running and finished subagents; POST .../{id}/cancel and
 //	                      .../{id}/messages (body) act through the control API as the operator
+//	<prefix>/leases       the org's home: and session: leases, their events (?confirm=<key>
+//	                      asks a reason); POST .../force-release (key, reason), audited
 func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 	if err := orghome.ValidID(cfg.Org); err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -134,6 +136,8 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Get(p+"/subagents", h.Subagents)
 			r.Post(p+"/subagents/{id}/cancel", h.SubagentCancel)
 			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
+			r.Get(p+"/leases", h.Leases)
+			r.Post(p+"/leases/force-release", h.LeaseForceRelease)
 		})
 	})
 	return r, nil
