@@ -362,4 +362,8 @@ func TestCountsOfOrgs(t *testing.T) {
 	if g.Completed != 1 || g.Claimed != 0 || g.LastUpdatedAt == nil {
 		t.Fatalf("globex %+v", g)
 	}
+	orgs, err := f.store.Orgs(ctx)
+	if err != nil || len(orgs) != 3 || orgs[0] != "acme" || orgs[1] != "globex" || orgs[2] != "initech" {
+		t.Fatalf("orgs %v, %v", orgs, err)
+	}
 }

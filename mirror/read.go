@@ -182,3 +182,16 @@ SELECT e.id, e.job_id, e.attempt, e.kind, e.data, e.at
 	}
 	return events, nil
 }
+
+// Orgs is every org with a mirrored job.
+func (s *Store) Orgs(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT org FROM mirror_jobs ORDER BY org`)
+	if err != nil {
+		return nil, fmt.Errorf("orgs of the job mirror: %w", err)
+	}
+	orgs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("orgs of the job mirror: %w", err)
+	}
+	return orgs, nil
+}
