@@ -137,6 +137,17 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 		t.Errorf("a refusal's notice is %q", class)
 	}
 
+	// A full mailbox: the reason, and nothing more queued.
+	if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: "sub-full", Goal: "busy"}); err != nil {
+		t.Fatal(err)
+	}
+	d.exec(`INSERT INTO subagent_messages (org, subagent_id, sender, body) SELECT 'acme', 'sub-full', 'x', 'y' FROM generate_series(1, $1::int)`, subagent.MaxPending)
+	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-full/messages", map[string]string{"body": "one more"})
+	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "mailbox is full") {
+		t.Errorf("message to a full mailbox: %d %s", status, frag)
+	}
+	d.holds(`(SELECT count(*) FROM subagent_messages WHERE org = 'acme' AND subagent_id = 'sub-full') = $1`, subagent.MaxPending)
+
 	// Without htmx, the POST comes back to the page.
 	d.as("ada").POST("/orgs/acme/subagents/sub-msg/messages").WithFormField("body", "plain form").
 		Expect().Status(http.StatusSeeOther).Header("Location").IsEqual("/orgs/acme/subagents")
