@@ -167,6 +167,8 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if err != nil {
 		return err
 	}
+	// Its mirror's LISTEN connection ends before the pool it uses.
+	defer ctl.Close()
 	router := ops.Router()
 	router.Handle("/v1/*", ctl.Handler())
 	srv, err := service.Listen("dispatcher", s.controlAddr, router, log, s.httpGrace)
