@@ -21,7 +21,8 @@
 // The work it does is scripted against the job workspace it runs in (manifest.json,
 // checkpoint.json): it asks the gateway's model for each piece of work, shell-calls
 // `sartiq` (found on PATH) for the capability's write surface one category (or product) at
-// a time, and prints a final answer whose last JSON object says what it persisted.
+// a time, and prints a final answer whose last JSON object says what it persisted. Started
+// where there is no manifest.json, it plays a dashboard's chat turn instead (chat.go).
 //
 // Fault knobs come from $HERMES_HOME/scripted-agent.json, a file a test writes into the
 // org's home (so they reach the agent through the dispatcher and a container alike):
@@ -72,6 +73,8 @@ type Knobs struct {
 	SummaryJSON bool `json:"summary_json,omitempty"`
 	// Subagent has the agent delegate one child before its work.
 	Subagent *SubagentKnob `json:"subagent,omitempty"`
+	// ChatStepMS slows each step of a chat turn (see chat.go) by that many milliseconds.
+	ChatStepMS int `json:"chat_step_ms,omitempty"`
 }
 
 // Manifest is the part of the job manifest the agent reads.
@@ -181,8 +184,12 @@ func (r *run) main() (int, error) {
 	if err := r.probe(); err != nil {
 		return ExitFailed, err
 	}
+	// A job's workspace holds its manifest; a chat turn runs with none.
 	var m Manifest
-	if err := readJSON("manifest.json", &m); err != nil {
+	isChat := false
+	if err := readJSON("manifest.json", &m); errors.Is(err, os.ErrNotExist) {
+		isChat = true
+	} else if err != nil {
 		return ExitFailed, err
 	}
 	var done Checkpoint
@@ -205,6 +212,9 @@ func (r *run) main() (int, error) {
 	defer fmt.Fprintf(r.stderr, "session_id: %s\n", r.session)
 	if err := r.message("user", r.prompt, nil, "", ""); err != nil {
 		return ExitFailed, err
+	}
+	if isChat {
+		return r.chat()
 	}
 
 	if r.knobs.Subagent != nil {
