@@ -55,7 +55,7 @@ func (h *Dashboard) overviewJobs(ctx context.Context) templates.JobsView {
 	}
 	var v templates.JobsView
 	for _, j := range page.Jobs {
-		row := templates.JobRow{ID: j.ID, Type: j.Type, Status: j.Status, Attempt: j.Attempt, Error: j.Error, Updated: shownTime(j.UpdatedAt)}
+		row := h.jobRow(j)
 		if slices.Contains([]string{sartiq.StatusQueued, sartiq.StatusClaimed, sartiq.StatusRunning}, j.Status) {
 			v.Current = append(v.Current, row)
 		} else {

@@ -500,6 +500,9 @@ func TestTheOverviewShowsIdentityJobsLeasesAndTheGateway(t *testing.T) {
 	if got := texts(testid(p, "jobs-current").Find(`[data-testid="job"] code`)); strings.Join(got, ",") != "job-running" {
 		t.Errorf("current jobs %v", got)
 	}
+	if href, _ := testid(p, "jobs-current").Find(`[data-testid="job-link"]`).Attr("href"); href != "/orgs/acme/jobs/job-running" {
+		t.Errorf("the current job links to %q, not its page", href)
+	}
 	if got := texts(testid(p, "jobs-recent").Find(`[data-testid="job"] code`)); len(got) != 2 {
 		t.Errorf("recent jobs %v", got)
 	}
