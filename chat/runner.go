@@ -1,0 +1,547 @@
+// Package chat runs a dashboard's chat turns: one message to a new or an existing Hermes
+// session, answered by the real agent on the org's home exactly as a job runs it (the
+// same config.yaml contract, the same command line, the same minimal environment), while
+// the turn holds the session: and home: leases through the control API (DESIGN section 4,
+// "One agent per home"). A turn belongs to the Runner, not to the HTTP request that
+// started it: closing the tab does not stop it, and a page reloaded later finds it again.
+package chat
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"hermeshost/control"
+	"hermeshost/hermescli"
+	"hermeshost/orghome"
+	"hermeshost/service"
+	"hermeshost/worker"
+)
+
+// States of a turn.
+const (
+	StateQueued  = "queued"
+	StateRunning = "running"
+	StateDone    = "done"
+	StateStopped = "stopped"
+	StateFailed  = "failed"
+)
+
+// DefaultLeaseTTL is the lifetime of a turn's leases, refreshed every third of it, as the
+// dispatcher keeps its own (dispatch.DefaultLeaseTTL).
+const DefaultLeaseTTL = 15 * time.Second
+
+// acquireWait is how long one acquire waits in the control API for a key to come free
+// before the turn looks again (and notices a Stop).
+const acquireWait = 2 * time.Second
+
+// MaxMessage bounds a chat message, which goes on the agent's command line.
+const MaxMessage = 32 << 10
+
+// ErrQueueFull refuses a second queued turn for one session.
+var ErrQueueFull = errors.New("a message to this session is already queued")
+
+// sessionPattern is a Hermes session id as the CLI prints it (hermescli's session line).
+var sessionPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// Config is what a Runner needs of its org; the agent's values are the worker's (see
+// worker.Config), so a chat turn meets the home as a job does.
+type Config struct {
+	Org           string
+	Home          *orghome.Home
+	Control       *control.Client
+	HermesBin     string
+	MaxTurns      int
+	GatewayURL    string // the gateway's base URL; config.yaml names <url>/v1
+	GatewayKey    service.Secret
+	Model         string
+	BundledSkills string
+	Plugin        orghome.Plugin
+	LeaseTTL      time.Duration // DefaultLeaseTTL when zero
+	Log           *slog.Logger
+}
+
+// Turn is a snapshot of one turn.
+type Turn struct {
+	ID        string
+	Operator  string
+	Message   string
+	SessionID string // empty until the agent printed it, for a new session
+	Resume    bool   // the turn continues an existing session
+	State     string
+	Position  int    // 1-based place in the queue while queued
+	HeldBy    string // while queued: who holds the lease the turn waits for
+	Waiting   string // the lease key it waits for
+	Answer    string // the agent's final answer, once done
+	Reason    string // why it failed or was stopped
+	StartedAt time.Time
+	RunningAt time.Time // when it took its leases and started the agent
+	EndedAt   time.Time
+}
+
+// Active says whether the turn is still queued or running.
+func (t Turn) Active() bool { return t.State == StateQueued || t.State == StateRunning }
+
+type turn struct {
+	Turn
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// Runner runs one org's chat turns, one at a time (the home: lease allows no more), in
+// the order they were sent.
+type Runner struct {
+	cfg    Config
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	turns map[string]*turn
+	queue []*turn // waiting and the one at its head, which may be acquiring or running
+	wake  chan struct{}
+}
+
+// NewRunner starts the Runner's loop; Close ends it.
+func NewRunner(cfg Config) (*Runner, error) {
+	switch {
+	case cfg.Home == nil || cfg.Home.ID != cfg.Org:
+		return nil, errors.New("chat: no home of the org")
+	case cfg.Control == nil:
+		return nil, errors.New("chat: no control API client")
+	case cfg.HermesBin == "":
+		return nil, errors.New("chat: no agent command (HERMES_BIN)")
+	case cfg.MaxTurns < 1:
+		return nil, errors.New("chat: MAX_TURNS must be at least 1")
+	case cfg.GatewayURL == "" || cfg.Model == "":
+		return nil, errors.New("chat: no gateway URL or model")
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{cfg: cfg, ctx: ctx, cancel: cancel, turns: map[string]*turn{}, wake: make(chan struct{}, 1)}
+	r.wg.Add(1)
+	go r.loop()
+	return r, nil
+}
+
+// Close stops every turn (killing a running agent, releasing its leases) and waits.
+func (r *Runner) Close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// Start queues a turn: message to session (an existing session id), or to a new session
+// when session is "". A second queued turn for one session is ErrQueueFull.
+func (r *Runner) Start(operator, session, message string) (Turn, error) {
+	message = strings.TrimSpace(message)
+	switch {
+	case message == "":
+		return Turn{}, errors.New("the message is empty")
+	case len(message) > MaxMessage:
+		return Turn{}, fmt.Errorf("the message is %d bytes; at most %d are sent", len(message), MaxMessage)
+	case session != "" && !sessionPattern.MatchString(session):
+		return Turn{}, fmt.Errorf("%q is not a Hermes session id", session)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return Turn{}, errors.New("the dashboard is shutting down")
+	}
+	if session != "" {
+		for _, q := range r.queue {
+			if q.SessionID == session && q.State == StateQueued {
+				return Turn{}, fmt.Errorf("%w (turn %s, position %d): one message a session waits at a time; send this one when it has run", ErrQueueFull, q.ID, r.positionLocked(q))
+			}
+		}
+	}
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	t := &turn{Turn: Turn{
+		ID: newID(), Operator: operator, Message: message, SessionID: session, Resume: session != "",
+		State: StateQueued, StartedAt: time.Now(),
+	}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	r.turns[t.ID] = t
+	r.queue = append(r.queue, t)
+	r.poke()
+	return r.snapshotLocked(t), nil
+}
+
+// Get is the turn with that id, if this Runner has it.
+func (r *Runner) Get(id string) (Turn, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.turns[id]
+	if !ok {
+		return Turn{}, false
+	}
+	return r.snapshotLocked(t), true
+}
+
+// Current is the session's turn that is queued or running, if any (the running one first).
+func (r *Runner) Current(session string) (Turn, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.queue {
+		if t.SessionID == session && t.Active() {
+			return r.snapshotLocked(t), true
+		}
+	}
+	return Turn{}, false
+}
+
+// Stop ends a turn: a queued one leaves the queue, a running one's agent is killed and its
+// leases released. It returns once the turn has ended; an ended turn is left as it was.
+func (r *Runner) Stop(id, operator string) (Turn, bool) {
+	r.mu.Lock()
+	t, ok := r.turns[id]
+	if !ok {
+		r.mu.Unlock()
+		return Turn{}, false
+	}
+	if t.Active() {
+		t.cancel(fmt.Errorf("stopped by %s", operator))
+	}
+	head := len(r.queue) > 0 && r.queue[0] == t
+	if !head && t.State == StateQueued {
+		r.endLocked(t, StateStopped, fmt.Sprintf("stopped by %s before it ran", operator))
+	}
+	r.mu.Unlock()
+	<-t.done
+	return r.Get(id)
+}
+
+// Done is closed when the turn has ended (for tests and callers that wait).
+func (r *Runner) Done(id string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.turns[id]; ok {
+		return t.done
+	}
+	return nil
+}
+
+func (r *Runner) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Runner) positionLocked(t *turn) int {
+	for i, q := range r.queue {
+		if q == t {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+func (r *Runner) snapshotLocked(t *turn) Turn {
+	s := t.Turn
+	if s.State == StateQueued {
+		s.Position = r.positionLocked(t)
+	}
+	return s
+}
+
+// endLocked records how t ended and takes it off the queue.
+func (r *Runner) endLocked(t *turn, state, reason string) {
+	if !t.Active() {
+		return
+	}
+	t.State, t.Reason, t.EndedAt = state, reason, time.Now()
+	for i, q := range r.queue {
+		if q == t {
+			r.queue = append(r.queue[:i], r.queue[i+1:]...)
+			break
+		}
+	}
+	close(t.done)
+}
+
+func (r *Runner) update(t *turn, f func(*Turn)) {
+	r.mu.Lock()
+	f(&t.Turn)
+	r.mu.Unlock()
+}
+
+// loop runs the queue's head, one turn at a time, until Close.
+func (r *Runner) loop() {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		var next *turn
+		if len(r.queue) > 0 {
+			next = r.queue[0]
+		}
+		r.mu.Unlock()
+		if r.ctx.Err() != nil {
+			r.mu.Lock()
+			for len(r.queue) > 0 {
+				r.endLocked(r.queue[0], StateStopped, "the dashboard shut down before the turn ran")
+			}
+			r.mu.Unlock()
+			return
+		}
+		if next == nil {
+			select {
+			case <-r.wake:
+			case <-r.ctx.Done():
+			}
+			continue
+		}
+		state, reason, answer, session := r.run(next)
+		r.mu.Lock()
+		if answer != "" {
+			next.Answer = answer
+		}
+		if session != "" {
+			next.SessionID = session
+		}
+		r.endLocked(next, state, reason)
+		r.mu.Unlock()
+	}
+}
+
+// run takes the turn's leases, waiting while others hold them, runs the agent and
+// releases them. Its results are the turn's end.
+func (r *Runner) run(t *turn) (state, reason, answer, session string) {
+	ctx := t.ctx
+	stopped := func() (string, string, string, string) {
+		if r.ctx.Err() != nil && context.Cause(ctx) == context.Canceled {
+			return StateStopped, "the dashboard shut down", "", ""
+		}
+		return StateStopped, context.Cause(ctx).Error(), "", ""
+	}
+	holder := "chat:" + r.cfg.Org + ":" + t.ID
+	sessionKey := "session:new-" + t.ID // a new session has no id yet: a key of its own
+	if t.Resume {
+		sessionKey = "session:" + t.SessionID
+	}
+	sessionLease, err := r.acquire(ctx, t, sessionKey, holder)
+	if err != nil {
+		if ctx.Err() != nil {
+			return stopped()
+		}
+		return StateFailed, err.Error(), "", ""
+	}
+	defer r.release(sessionLease)
+	homeLease, err := r.acquire(ctx, t, "home:"+r.cfg.Org, holder)
+	if err != nil {
+		if ctx.Err() != nil {
+			return stopped()
+		}
+		return StateFailed, err.Error(), "", ""
+	}
+	defer r.release(homeLease)
+
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	kept := r.keep(runCtx, cancel, sessionLease, homeLease)
+	defer func() { cancel(nil); <-kept }()
+	// Truncated to the second: slack for clocks that round, never missing the new session.
+	r.update(t, func(s *Turn) {
+		s.State, s.HeldBy, s.Waiting, s.RunningAt = StateRunning, "", "", time.Now().Truncate(time.Second)
+	})
+
+	res, code, err := r.exec(runCtx, t)
+	if runCtx.Err() != nil {
+		if errors.Is(context.Cause(runCtx), errLeaseLost) {
+			return StateFailed, context.Cause(runCtx).Error(), "", res.SessionID
+		}
+		st, why, _, _ := stopped()
+		return st, why, "", res.SessionID
+	}
+	switch {
+	case err != nil:
+		return StateFailed, err.Error(), "", res.SessionID
+	case code != 0:
+		return StateFailed, fmt.Sprintf("the agent exited with status %d", code), "", res.SessionID
+	}
+	return StateDone, "", answerOf(res.Stdout), res.SessionID
+}
+
+// acquire waits for key, recording who holds it meanwhile, and takes it; the home's file
+// lock is tried once the home: lease is ours, and a busy one is waited out the same way.
+func (r *Runner) acquire(ctx context.Context, t *turn, key, holder string) (control.Lease, error) {
+	for {
+		l, err := r.cfg.Control.Acquire(ctx, key, holder, r.cfg.LeaseTTL, acquireWait)
+		if err == nil {
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			return control.Lease{}, ctx.Err()
+		}
+		if !control.IsHeld(err) {
+			return control.Lease{}, fmt.Errorf("take lease %s: %w", key, err)
+		}
+		by := ""
+		var apiErr *control.APIError
+		if errors.As(err, &apiErr) && apiErr.HeldBy != nil {
+			by = apiErr.HeldBy.Holder
+		}
+		r.update(t, func(s *Turn) { s.HeldBy, s.Waiting = by, key })
+	}
+}
+
+func (r *Runner) release(l control.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.cfg.Control.Release(ctx, l); err != nil {
+		r.cfg.Log.Warn("chat: release lease", "key", l.Key, "err", err)
+	}
+}
+
+var errLeaseLost = errors.New("the turn lost its lease")
+
+// keep refreshes the leases every third of their TTL; a lost one cancels the run, which
+// kills the agent at once.
+func (r *Runner) keep(ctx context.Context, cancel context.CancelCauseFunc, ls ...control.Lease) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for i, l := range ls {
+				nl, err := r.cfg.Control.Refresh(ctx, l, r.cfg.LeaseTTL)
+				switch {
+				case control.IsLost(err):
+					cancel(fmt.Errorf("%w %s: %v", errLeaseLost, l.Key, err))
+					return
+				case err != nil && ctx.Err() == nil:
+					r.cfg.Log.Warn("chat: refresh lease", "key", l.Key, "err", err)
+				case err == nil:
+					ls[i] = nl
+				}
+			}
+		}
+	}()
+	return done
+}
+
+// exec runs the agent as the worker does (worker.runner.exec): config.yaml made right
+// first, its own process group killed on stop, and in its environment only its home and
+// the org's gateway key under the name config.yaml gives it. A chat has no job: no token
+// proxy, no sartiq, no hook socket. Its working folder is a fresh one with no manifest.
+func (r *Runner) exec(ctx context.Context, t *turn) (hermescli.Result, int, error) {
+	lock, err := worker.LockHome(r.cfg.Home.Dir)
+	if err != nil {
+		return hermescli.Result{}, 0, fmt.Errorf("%w: another agent is running on this home", err)
+	}
+	defer lock.Unlock() //nolint:errcheck // the kernel drops it with the process anyway
+	if _, err := r.cfg.Home.EnsureAgentSetup(orghome.AgentSetup{
+		Provider: hermescli.Provider, BaseURL: r.cfg.GatewayURL + "/v1", Model: r.cfg.Model,
+		KeyEnv: hermescli.KeyEnv, BundledSkills: r.cfg.BundledSkills, Plugin: r.cfg.Plugin,
+	}); err != nil {
+		return hermescli.Result{}, 0, err
+	}
+	dir, err := os.MkdirTemp("", "hermes-chat-")
+	if err != nil {
+		return hermescli.Result{}, 0, fmt.Errorf("chat working folder: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	resume := ""
+	if t.Resume {
+		resume = t.SessionID
+	}
+	cmd := exec.Command(r.cfg.HermesBin, hermescli.Args(t.Message, r.cfg.MaxTurns, resume)...)
+	cmd.Dir = dir
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + r.cfg.Home.Dir,
+		"HERMES_HOME=" + r.cfg.Home.Dir,
+		hermescli.KeyEnv + "=" + r.cfg.GatewayKey.Reveal(),
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var out hermescli.Output
+	cmd.Stdout = out.Stdout()
+	cmd.Stderr = out.Stderr(os.Stderr)
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return hermescli.Result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err := <-waited:
+		return out.Result(), exitCode(err), nil
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-waited
+		return out.Result(), -1, nil
+	}
+}
+
+// answerOf is the final answer of quiet mode: stdout without the warning lines the real
+// CLI prints before it (⚠ ...) and the turn-limit line.
+func answerOf(stdout []byte) string {
+	var keep []string
+	for _, line := range strings.Split(string(stdout), "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "⚠") || strings.Contains(t, hermescli.TurnLimitLine) {
+			continue
+		}
+		keep = append(keep, line)
+	}
+	return strings.TrimSpace(strings.Join(keep, "\n"))
+}
+
+// LiveSession is the session a turn writes to: its own id, or for a new session that has
+// not printed its id yet (the CLI prints it at the end), the newest session started since
+// the turn began running. The home: lease and the home's file lock let no other agent
+// start one meanwhile, so that session is this turn's.
+func (r *Runner) LiveSession(ctx context.Context, t Turn) (string, error) {
+	if t.SessionID != "" || t.State != StateRunning {
+		return t.SessionID, nil
+	}
+	st, err := r.cfg.Home.State()
+	if err != nil {
+		return "", err
+	}
+	page, err := st.Sessions(ctx, orghome.SessionQuery{Limit: 1})
+	if err != nil {
+		return "", err
+	}
+	if len(page.Sessions) == 1 && !page.Sessions[0].StartedAt.Before(t.RunningAt) {
+		return page.Sessions[0].ID, nil
+	}
+	return "", nil
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
