@@ -111,6 +111,8 @@ type Runner struct {
 	turns map[string]*turn
 	queue []*turn // waiting and the one at its head, which may be acquiring or running
 	wake  chan struct{}
+	// changed is closed, and replaced, whenever a turn changes: Wait's signal.
+	changed chan struct{}
 }
 
 // NewRunner starts the Runner's loop; Close ends it.
@@ -134,7 +136,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 		cfg.Log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Runner{cfg: cfg, ctx: ctx, cancel: cancel, turns: map[string]*turn{}, wake: make(chan struct{}, 1)}
+	r := &Runner{cfg: cfg, ctx: ctx, cancel: cancel, turns: map[string]*turn{}, wake: make(chan struct{}, 1), changed: make(chan struct{})}
 	r.wg.Add(1)
 	go r.loop()
 	return r, nil
@@ -177,6 +179,7 @@ func (r *Runner) Start(operator, session, message string) (Turn, error) {
 	}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	r.turns[t.ID] = t
 	r.queue = append(r.queue, t)
+	r.changedLocked()
 	r.poke()
 	return r.snapshotLocked(t), nil
 }
@@ -235,6 +238,35 @@ func (r *Runner) Done(id string) <-chan struct{} {
 	return nil
 }
 
+// Wait returns the turn once cond holds for it, or ctx's error; false when there is no
+// such turn.
+func (r *Runner) Wait(ctx context.Context, id string, cond func(Turn) bool) (Turn, bool, error) {
+	for {
+		r.mu.Lock()
+		t, ok := r.turns[id]
+		if !ok {
+			r.mu.Unlock()
+			return Turn{}, false, nil
+		}
+		s, ch := r.snapshotLocked(t), r.changed
+		r.mu.Unlock()
+		if cond(s) {
+			return s, true, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return s, true, ctx.Err()
+		}
+	}
+}
+
+// changedLocked wakes Wait's callers.
+func (r *Runner) changedLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
 func (r *Runner) poke() {
 	select {
 	case r.wake <- struct{}{}:
@@ -272,11 +304,13 @@ func (r *Runner) endLocked(t *turn, state, reason string) {
 		}
 	}
 	close(t.done)
+	r.changedLocked()
 }
 
 func (r *Runner) update(t *turn, f func(*Turn)) {
 	r.mu.Lock()
 	f(&t.Turn)
+	r.changedLocked()
 	r.mu.Unlock()
 }
 
@@ -355,9 +389,7 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 	kept := r.keep(runCtx, cancel, sessionLease, homeLease)
 	defer func() { cancel(nil); <-kept }()
 	// Truncated to the second: slack for clocks that round, never missing the new session.
-	r.update(t, func(s *Turn) {
-		s.State, s.HeldBy, s.Waiting, s.RunningAt = StateRunning, "", "", time.Now().Truncate(time.Second)
-	})
+	r.update(t, func(s *Turn) { s.HeldBy, s.Waiting, s.RunningAt = "", "", time.Now().Truncate(time.Second) })
 
 	res, code, err := r.exec(runCtx, t)
 	if runCtx.Err() != nil {
@@ -379,8 +411,9 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 // acquire waits for key, recording who holds it meanwhile, and takes it; the home's file
 // lock is tried once the home: lease is ours, and a busy one is waited out the same way.
 func (r *Runner) acquire(ctx context.Context, t *turn, key, holder string) (control.Lease, error) {
-	for {
-		l, err := r.cfg.Control.Acquire(ctx, key, holder, r.cfg.LeaseTTL, acquireWait)
+	// The first try does not wait, so the page can say at once who holds the key.
+	for wait := time.Duration(0); ; wait = acquireWait {
+		l, err := r.cfg.Control.Acquire(ctx, key, holder, r.cfg.LeaseTTL, wait)
 		if err == nil {
 			return l, nil
 		}
@@ -481,6 +514,7 @@ func (r *Runner) exec(ctx context.Context, t *turn) (hermescli.Result, int, erro
 	if err := cmd.Start(); err != nil {
 		return hermescli.Result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
 	}
+	r.update(t, func(s *Turn) { s.State = StateRunning })
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 	select {

@@ -344,3 +344,69 @@ type LeaseEventRow struct {
 	Reason string
 	At     string
 }
+
+// NavChat is the chat page's entry in the dashboard's navigation.
+const NavChat = "chat"
+
+// ChatPageView is the chat page: a form to send a message to a new session or to one of
+// the recent ones. Error says why the last message was refused; Message keeps its text.
+type ChatPageView struct {
+	Frame         DashboardFrame
+	Sessions      []ChatSessionOption
+	Session       string // the session chosen
+	Message       string
+	Error         string
+	SessionsError string
+}
+
+// ChatSessionOption is one recent session to send to.
+type ChatSessionOption struct {
+	ID    string
+	Label string
+}
+
+// ChatTurnView is one turn's page, whose fragment (ChatTurnFragment) refreshes itself
+// while the turn is queued or running.
+type ChatTurnView struct {
+	Frame DashboardFrame
+	Turn  ChatTurnState
+}
+
+// ChatTurnState is what the turn's fragment shows.
+type ChatTurnState struct {
+	ID        string
+	State     string // queued, running, done, stopped, failed
+	Active    bool
+	Message   string
+	SessionID string
+	Position  int
+	Waiting   string // the lease key a queued turn waits for
+	HeldBy    string
+	// Jobs are the org's running jobs, shown while the turn waits for the home.
+	Jobs      []ChatJobRow
+	JobsError string
+	Messages  []TranscriptMessage
+	// MessagesError says why state.db's rows could not be read this time.
+	MessagesError string
+	Answer        string
+	Reason        string
+	Started       string
+	Ended         string
+	// Fragment is the fragment's own URL (htmx refresh), Stop the Stop form's action,
+	// Session the session's transcript.
+	Fragment string
+	Stop     templ.SafeURL
+	Session  templ.SafeURL
+	NewTurn  templ.SafeURL
+}
+
+// ChatJobRow is a running job in the way of a turn, with its progress.
+type ChatJobRow struct {
+	ID       string
+	Type     string
+	Status   string
+	Attempt  int
+	Progress string
+	Updated  string
+	Link     templ.SafeURL
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"hermeshost/assertion"
+	"hermeshost/chat"
 	"hermeshost/control"
 	"hermeshost/handlers"
 	"hermeshost/orghome"
@@ -51,6 +52,9 @@ type DashboardConfig struct {
 	SourceTimeout time.Duration
 	// Now is the clock assertions are checked against (nil: time.Now).
 	Now func() time.Time
+	// Chat runs the chat's turns on Home (nil: the chat pages say chat is off). The caller
+	// made it and closes it, after the server has stopped.
+	Chat *chat.Runner
 }
 
 var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
@@ -70,6 +74,9 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	                      .../{id}/messages (body) act through the control API as the operator
 //	<prefix>/leases       the org's home: and session: leases, their events (?confirm=<key>
 //	                      asks a reason); POST .../force-release (key, reason), audited
+//	<prefix>/chat         the chat's form; POST starts a turn (session, message)
+//	<prefix>/chat/turns/{turn} one turn: queued, running, its rows and answer; POST
+//	                      .../stop ends it on the server
 func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 	if err := orghome.ValidID(cfg.Org); err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -108,6 +115,7 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			return gatewayModels(ctx, cfg.HTTPClient, cfg.GatewayURL, cfg.GatewayKey)
 		},
 	}
+	chatH := &handlers.Chat{Dashboard: h, Runner: cfg.Chat}
 	ops.Health.Probe("home", func(context.Context) error {
 		_, err := cfg.Home.Stat(".")
 		return err
@@ -138,6 +146,10 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
 			r.Get(p+"/leases", h.Leases)
 			r.Post(p+"/leases/force-release", h.LeaseForceRelease)
+			r.Get(p+"/chat", chatH.ChatPage)
+			r.Post(p+"/chat", chatH.ChatSend)
+			r.Get(p+"/chat/turns/{turn}", chatH.ChatTurn)
+			r.Post(p+"/chat/turns/{turn}/stop", chatH.ChatStop)
 		})
 	})
 	return r, nil

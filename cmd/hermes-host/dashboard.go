@@ -17,9 +17,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"hermeshost/chat"
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
+	"hermeshost/hermesplugin"
 	"hermeshost/orghome"
 	"hermeshost/service"
 	"hermeshost/web"
@@ -103,7 +105,11 @@ type dashboardSettings struct {
 	bundled     string
 	skillsMax   int
 	grace       time.Duration
-	secrets     dashboardSecrets
+	// The chat's agent, as a worker runs it: HERMES_BIN, MAX_TURNS, WORKER_MODEL.
+	hermesBin string
+	maxTurns  int
+	model     string
+	secrets   dashboardSecrets
 }
 
 // runDashboard opens the org's home and listens; the caller serves.
@@ -131,22 +137,33 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 		home.Close()
 		return nil, nil, fmt.Errorf("stdin: CONTROL_URL or CONTROL_KEY: %w", err)
 	}
-	h, err := web.NewDashboard(ops, web.DashboardConfig{
-		Org: s.org, Home: home, Bundled: bundled, SkillsMax: s.skillsMax,
-		AssertionKey: s.secrets.assertionKey, Control: client,
-		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey,
-		HTTPClient: &http.Client{Timeout: 10 * time.Second}, Prefix: s.prefix,
+	runner, err := chat.NewRunner(chat.Config{
+		Org: s.org, Home: home, Control: client, HermesBin: s.hermesBin, MaxTurns: s.maxTurns,
+		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
+		BundledSkills: s.bundled, Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()},
+		Log: ops.Log,
 	})
 	if err != nil {
 		home.Close()
 		return nil, nil, err
 	}
-	srv, err := service.Listen("dashboard", addr, h, ops.Log, s.grace)
+	closeAll := func() { runner.Close(); home.Close() }
+	h, err := web.NewDashboard(ops, web.DashboardConfig{
+		Org: s.org, Home: home, Bundled: bundled, SkillsMax: s.skillsMax,
+		AssertionKey: s.secrets.assertionKey, Control: client,
+		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey,
+		HTTPClient: &http.Client{Timeout: 10 * time.Second}, Prefix: s.prefix, Chat: runner,
+	})
 	if err != nil {
-		home.Close()
+		closeAll()
 		return nil, nil, err
 	}
-	return srv, func() { home.Close() }, nil
+	srv, err := service.Listen("dashboard", addr, h, ops.Log, s.grace)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return srv, closeAll, nil
 }
 
 func dashboardCommand() *cli.Command {
@@ -154,7 +171,8 @@ func dashboardCommand() *cli.Command {
 		Name: "dashboard",
 		Summary: "serve one org's dashboard (--org ID) under its prefix: its home is HERMES_HOME; its keys (CONTROL_URL, " +
 			"CONTROL_KEY, GATEWAY_URL, GATEWAY_KEY, DASHBOARD_ASSERTION_KEY) come as KEY=VALUE lines on stdin, read to its end before serving",
-		Env: append([]config.Var{config.HermesHome, config.HermesBundledSkills, config.SkillsMaxAuthored}, serverEnv...),
+		Env: append([]config.Var{config.HermesHome, config.HermesBundledSkills, config.SkillsMaxAuthored,
+			config.HermesBin, config.MaxTurns, config.WorkerModel}, serverEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			org := fs.String("org", "", "the organization whose dashboard this is (required)")
 			addr := fs.String("addr", "127.0.0.1:8094", "listen address (port 0 picks one)")
@@ -177,6 +195,9 @@ func dashboardCommand() *cli.Command {
 					s.bundled = e.String(config.HermesBundledSkills)
 					s.skillsMax = e.Int(config.SkillsMaxAuthored)
 					s.grace = grace(e)
+					s.hermesBin = e.String(config.HermesBin)
+					s.maxTurns = e.Int(config.MaxTurns)
+					s.model = e.String(config.WorkerModel)
 				})
 				if err != nil {
 					return err

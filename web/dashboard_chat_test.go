@@ -1,0 +1,236 @@
+package web_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/gavv/httpexpect/v2"
+
+	"hermeshost/assertion"
+	"hermeshost/chat"
+	"hermeshost/control"
+	"hermeshost/gateway"
+	"hermeshost/internal/hosttest"
+	"hermeshost/internal/testio"
+	"hermeshost/lease"
+	"hermeshost/orghome"
+	"hermeshost/pg/pgtest"
+	"hermeshost/service"
+	"hermeshost/subagent"
+	"hermeshost/web"
+)
+
+var agentBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// scriptedAgent is the scripted agent, built once for the package's tests.
+func scriptedAgent(t *testing.T) string {
+	t.Helper()
+	agentBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "web-chat-agent-")
+		if err != nil {
+			agentBin.err = err
+			return
+		}
+		_, here, _, _ := runtime.Caller(0)
+		agentBin.path = filepath.Join(dir, "scripted-agent")
+		cmd := exec.Command("go", "build", "-o", agentBin.path, "./cmd/scripted-agent")
+		cmd.Dir = filepath.Join(filepath.Dir(here), "..")
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Run(); err != nil {
+			agentBin.err = errors.New("build the scripted agent: " + errb.String())
+		}
+	})
+	if agentBin.err != nil {
+		t.Fatal(agentBin.err)
+	}
+	return agentBin.path
+}
+
+// chatDash is a dashboard with its chat's Runner on the scripted agent, the real control
+// API over a fresh schema and the real gateway.
+type chatDash struct {
+	*dash
+	runner *chat.Runner
+	home   *orgHome
+}
+
+func newChatDash(t *testing.T, h *orgHome) *chatDash {
+	t.Helper()
+	bin := scriptedAgent(t)
+	_, pool := pgtest.Schema(t)
+	leases := lease.New(pool, lease.Options{})
+	t.Cleanup(leases.Close)
+	subs := subagent.New(pool, subagent.Options{})
+	t.Cleanup(subs.Close)
+	cs, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subs, Secret: controlSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrv := httptest.NewServer(cs.Handler())
+	t.Cleanup(csrv.Close)
+	key, err := control.Key(controlSecret, h.org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	transport := &http.Transport{}
+	t.Cleanup(transport.CloseIdleConnections)
+	client, err := control.NewClient(csrv.URL, key, &http.Client{Transport: transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwKey, err := gateway.OrgKey(gatewaySecret, h.org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	home, err := orghome.OpenHome(h.org, h.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { home.Close() })
+	gw := hosttest.DemoGateway(t, gatewaySecret, "host-key-for-dashboard-tests")
+	logs := &testio.Buffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	runner, err := chat.NewRunner(chat.Config{
+		Org: h.org, Home: home, Control: client, HermesBin: bin, MaxTurns: 5,
+		GatewayURL: gw, GatewayKey: service.Secret(gwKey), Model: "demo-worker",
+		LeaseTTL: 3 * time.Second, Log: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(runner.Close) // before the control API's server closes: it releases the leases
+	assertionKey, err := assertion.OrgKey(dashSecret, h.org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd, err := web.NewDashboard(service.NewOps(log), web.DashboardConfig{
+		Org: h.org, Home: home, AssertionKey: service.Secret(assertionKey), Control: client,
+		GatewayURL: gw, GatewayKey: service.Secret(gwKey), HTTPClient: &http.Client{Transport: transport},
+		SourceTimeout: 2 * time.Second, Chat: runner,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(hd)
+	t.Cleanup(srv.Close)
+	signer, err := assertion.NewSigner(dashSecret, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &chatDash{
+		dash:   &dash{t: t, org: h.org, srv: srv, leases: leases, control: client, logs: logs, signer: signer},
+		runner: runner, home: h,
+	}
+}
+
+// send posts a message and returns the turn id its redirect names.
+func (d *chatDash) send(e *httpexpect.Expect, session, message string) string {
+	d.t.Helper()
+	loc := e.POST("/orgs/"+d.org+"/chat").WithFormField("session", session).WithFormField("message", message).
+		Expect().Status(http.StatusSeeOther).Header("Location").Raw()
+	id, ok := strings.CutPrefix(loc, "/orgs/"+d.org+"/chat/turns/")
+	if !ok || id == "" {
+		d.t.Fatalf("the send went to %q", loc)
+	}
+	return id
+}
+
+// await waits, bounded, until the turn satisfies cond.
+func (d *chatDash) await(id string, what string, cond func(chat.Turn) bool) chat.Turn {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t, ok, err := d.runner.Wait(ctx, id, cond)
+	if !ok || err != nil {
+		d.t.Fatalf("turn %s: waiting for %s: %v (last %+v)", id, what, err, t)
+	}
+	return t
+}
+
+func ended(t chat.Turn) bool { return !t.Active() }
+
+func (d *chatDash) held(key string) bool {
+	d.t.Helper()
+	info, err := d.leases.Holder(context.Background(), key)
+	if errors.Is(err, lease.ErrUnknownKey) {
+		return false
+	}
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return info.Held(time.Now())
+}
+
+func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newChatDash(t, acme)
+	e := d.as("ada")
+	p := page(t, e, "/orgs/acme/chat", "/orgs/acme")
+	if testid(p, "chat-form").Length() != 1 {
+		t.Fatal("no chat form")
+	}
+
+	first := d.send(e, "", "What is our return policy?")
+	turn := d.await(first, "the end", ended)
+	if turn.State != chat.StateDone || turn.SessionID == "" || turn.Answer == "" {
+		t.Fatalf("first turn %+v", turn)
+	}
+	p = page(t, e, "/orgs/acme/chat/turns/"+first, "/orgs/acme")
+	if got := testid(p, "chat-state").Text(); got != "done" {
+		t.Errorf("state %q", got)
+	}
+	if got := strings.TrimSpace(testid(p, "chat-answer").Text()); got != turn.Answer {
+		t.Errorf("answer %q, want %q", got, turn.Answer)
+	}
+	if got := testid(p, "chat-session-id").Text(); got != turn.SessionID {
+		t.Errorf("session %q", got)
+	}
+	if got := texts(testid(p, "tool-call-name")); len(got) != 1 || got[0] != "session_search" {
+		t.Errorf("tool calls %v", got)
+	}
+	if testid(p, "tool-result").Length() != 1 || testid(p, "chat-stop").Length() != 0 || testid(p, "chat-turn").AttrOr("hx-trigger", "") != "" {
+		t.Error("a done turn shows no tool result, or still a Stop button or a refresh")
+	}
+
+	// The session is offered for the next message, which resumes it.
+	p = page(t, e, "/orgs/acme/chat", "/orgs/acme")
+	if testid(p, "chat-session").Find(`option[value="`+turn.SessionID+`"]`).Length() != 1 {
+		t.Fatalf("session %s is not offered", turn.SessionID)
+	}
+	second := d.send(e, turn.SessionID, "And for sale items?")
+	again := d.await(second, "the end", ended)
+	if again.State != chat.StateDone || again.SessionID != turn.SessionID || !again.Resume {
+		t.Fatalf("second turn %+v", again)
+	}
+	p = page(t, e, "/orgs/acme/chat/turns/"+second, "/orgs/acme")
+	var users []string
+	p.Find(`[data-testid="message"][data-role="user"] [data-testid="message-content"]`).Each(func(_ int, s *goquery.Selection) {
+		users = append(users, strings.TrimSpace(s.Text()))
+	})
+	if len(users) != 2 || users[0] != "What is our return policy?" || users[1] != "And for sale items?" {
+		t.Errorf("user messages of the resumed session %q", users)
+	}
+	for _, key := range []string{"home:acme", "session:acme." + turn.SessionID, "session:acme.new-" + first} {
+		if d.held(key) {
+			t.Errorf("%s is still held after the turns", key)
+		}
+	}
+}
