@@ -234,3 +234,171 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 		}
 	}
 }
+
+// agentsOn are the pids of processes running with HERMES_HOME=dir: the agents of that home.
+func agentsOn(t *testing.T, dir string) []string {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, p := range procs {
+		env, err := os.ReadFile(p)
+		if err != nil {
+			continue // gone, or not ours
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if string(kv) == "HERMES_HOME="+dir {
+				pids = append(pids, filepath.Base(filepath.Dir(p)))
+			}
+		}
+	}
+	return pids
+}
+
+// While a job holds home:acme a turn waits, saying who holds it and its place; a second
+// message to the same session is refused with the reason; once the job lets go both run,
+// in order, the first resuming its session.
+func TestATurnWaitsForAJobsHomeAndASecondQueuedOneIsRefused(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newChatDash(t, acme)
+	e := d.as("ada")
+	first := d.await(d.send(e, "", "Start a session"), "the end", ended)
+	if first.State != chat.StateDone {
+		t.Fatalf("first turn %+v", first)
+	}
+	ctx := context.Background()
+	job, err := d.leases.TryAcquire(ctx, "home:acme", "worker-acme-job-7", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	waiting := d.send(e, first.SessionID, "Continue while the job runs")
+	turn := d.await(waiting, "the job's holder", func(t chat.Turn) bool { return t.HeldBy != "" })
+	if turn.State != chat.StateQueued || turn.Waiting != "home:acme" || turn.HeldBy != "worker-acme-job-7" || turn.Position != 1 {
+		t.Fatalf("waiting turn %+v", turn)
+	}
+	p := page(t, e, "/orgs/acme/chat/turns/"+waiting, "/orgs/acme")
+	if got := testid(p, "chat-state").Text(); got != "queued" {
+		t.Errorf("state %q", got)
+	}
+	if got := testid(p, "chat-held-by").Text(); got != "worker-acme-job-7" {
+		t.Errorf("held by %q", got)
+	}
+	if got := testid(p, "chat-position").Text(); got != "1" {
+		t.Errorf("position %q", got)
+	}
+	// SSE replaces this refresh later; until then the queued fragment reloads itself.
+	if got := testid(p, "chat-turn").AttrOr("hx-trigger", ""); got != "every 1s" {
+		t.Errorf("the waiting turn's fragment refreshes by %q", got)
+	}
+
+	r := e.POST("/orgs/acme/chat").WithFormField("session", first.SessionID).WithFormField("message", "And another").
+		Expect().Status(http.StatusConflict)
+	p = doc(t, r.Body().Raw(), "/orgs/acme")
+	if got := testid(p, "chat-error").Text(); !strings.Contains(got, "already queued") || !strings.Contains(got, waiting) {
+		t.Errorf("refusal %q", got)
+	}
+	if got := testid(p, "chat-message").Text(); got != "And another" {
+		t.Errorf("the refused message is not kept: %q", got)
+	}
+	other := d.send(e, "", "A new session meanwhile")
+	if got, _ := d.runner.Get(other); got.State != chat.StateQueued || got.Position != 2 {
+		t.Fatalf("second waiting turn %+v", got)
+	}
+
+	if err := d.leases.Release(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	resumed := d.await(waiting, "the end", ended)
+	if resumed.State != chat.StateDone || resumed.SessionID != first.SessionID {
+		t.Fatalf("resumed turn %+v", resumed)
+	}
+	fresh := d.await(other, "the end", ended)
+	if fresh.State != chat.StateDone || fresh.SessionID == first.SessionID || fresh.SessionID == "" {
+		t.Fatalf("new-session turn %+v", fresh)
+	}
+	if fresh.RunningAt.Before(resumed.EndedAt.Truncate(time.Second)) {
+		t.Errorf("the turns overlapped: %v before %v", fresh.RunningAt, resumed.EndedAt)
+	}
+}
+
+// Stop ends a running turn on the server: the agent is killed, nothing of it is left, and
+// both its leases are free in Postgres. Closing the connection that sent a turn does not
+// stop it.
+func TestStopEndsARunningTurnAndAClosedTabDoesNot(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	acme.write("scripted-agent.json", `{"chat_step_ms": 60000}`)
+	d := newChatDash(t, acme)
+	e := d.as("ada")
+	id := d.send(e, "", "Take your time")
+	turn := d.await(id, "the agent", func(t chat.Turn) bool { return t.State == chat.StateRunning })
+	if pids := agentsOn(t, acme.dir); len(pids) != 1 {
+		t.Fatalf("agents on the home while running: %v", pids)
+	}
+	for _, key := range []string{"home:acme", "session:acme.new-" + id} {
+		if !d.held(key) {
+			t.Fatalf("%s is not held while the turn runs", key)
+		}
+	}
+	p := page(t, e, "/orgs/acme/chat/turns/"+id, "/orgs/acme")
+	if testid(p, "chat-stop").Length() != 1 || testid(p, "chat-state").Text() != "running" {
+		t.Fatalf("running turn's page: state %q", testid(p, "chat-state").Text())
+	}
+	// The user message is on state.db while the agent works on it.
+	if got := p.Find(`[data-testid="message"][data-role="user"]`).Length(); got != 1 {
+		t.Errorf("%d user rows shown while running", got)
+	}
+
+	e.POST("/orgs/acme/chat/turns/"+id+"/stop").Expect().Status(http.StatusSeeOther).
+		Header("Location").IsEqual("/orgs/acme/chat/turns/" + id)
+	turn, _ = d.runner.Get(id)
+	if turn.State != chat.StateStopped || !strings.Contains(turn.Reason, "stopped by ada") {
+		t.Fatalf("stopped turn %+v", turn)
+	}
+	if pids := agentsOn(t, acme.dir); len(pids) != 0 {
+		t.Errorf("agents left after Stop: %v", pids)
+	}
+	for _, key := range []string{"home:acme", "session:acme.new-" + id} {
+		if d.held(key) {
+			t.Errorf("%s is still held after Stop", key)
+		}
+	}
+	p = page(t, e, "/orgs/acme/chat/turns/"+id, "/orgs/acme")
+	if got := testid(p, "chat-reason").Text(); !strings.Contains(got, "stopped by ada") || testid(p, "chat-stop").Length() != 0 {
+		t.Errorf("stopped page: %q", got)
+	}
+
+	// A tab that sends and goes away: the request's connection closed, the turn goes on.
+	acme.write("scripted-agent.json", `{"chat_step_ms": 100}`)
+	tok, err := d.signer.Sign("ada", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	req, _ := http.NewRequest(http.MethodPost, d.srv.URL+"/orgs/acme/chat", strings.NewReader("message=Still+there%3F"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set(assertion.Header, tok)
+	resp, err := (&http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	closed, _ := strings.CutPrefix(resp.Header.Get("Location"), "/orgs/acme/chat/turns/")
+	if done := d.await(closed, "the end", ended); done.State != chat.StateDone || done.Answer == "" {
+		t.Fatalf("the turn of a closed tab %+v", done)
+	}
+}
+
+// A turn is its org's: another org's dashboard does not know its id.
+func TestAnotherOrgsTurnIsNotFound(t *testing.T) {
+	acme, globex := twoHomes(t, 0)
+	a, g := newChatDash(t, acme), newChatDash(t, globex)
+	id := a.send(a.as("ada"), "", "acme's question")
+	a.await(id, "the end", ended)
+	get(g.as("ada"), "/orgs/globex/chat/turns/"+id).Expect().Status(http.StatusNotFound)
+	g.as("ada").POST("/orgs/globex/chat/turns/" + id + "/stop").Expect().Status(http.StatusNotFound)
+	page(t, a.as("ada"), "/orgs/acme/chat/turns/"+id, "/orgs/acme")
+}
