@@ -351,7 +351,7 @@ func TestStopEndsARunningTurnAndAClosedTabDoesNot(t *testing.T) {
 		t.Errorf("%d user rows shown while running", got)
 	}
 
-	e.POST("/orgs/acme/chat/turns/"+id+"/stop").Expect().Status(http.StatusSeeOther).
+	e.POST("/orgs/acme/chat/turns/" + id + "/stop").Expect().Status(http.StatusSeeOther).
 		Header("Location").IsEqual("/orgs/acme/chat/turns/" + id)
 	turn, _ = d.runner.Get(id)
 	if turn.State != chat.StateStopped || !strings.Contains(turn.Reason, "stopped by ada") {
