@@ -136,7 +136,13 @@ func newChatDash(t *testing.T, h *orgHome) *chatDash {
 		t.Fatal(err)
 	}
 	return &chatDash{
-		dash:   &dash{t: t, org: h.org, srv: srv, leases: leases, control: client, logs: logs, signer: signer},
+		dash: &dash{t: t, org: h.org, srv: srv, leases: leases, control: client, logs: logs, signer: signer,
+			exec: func(sql string, args ...any) {
+				t.Helper()
+				if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+					t.Fatal(err)
+				}
+			}},
 		runner: runner, home: h,
 	}
 }
@@ -273,6 +279,8 @@ func TestATurnWaitsForAJobsHomeAndASecondQueuedOneIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-7', 'acme', 'guidelines_extraction', 'RUNNING', 1)`)
+	d.exec(`INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ('job-7', 1, 'progress', '{"persisted": ["tone", "claims"]}'::jsonb)`)
 
 	waiting := d.send(e, first.SessionID, "Continue while the job runs")
 	turn := d.await(waiting, "the job's holder", func(t chat.Turn) bool { return t.HeldBy != "" })
@@ -288,6 +296,9 @@ func TestATurnWaitsForAJobsHomeAndASecondQueuedOneIsRefused(t *testing.T) {
 	}
 	if got := testid(p, "chat-position").Text(); got != "1" {
 		t.Errorf("position %q", got)
+	}
+	if got := testid(p, "chat-job-progress").Text(); got != "2 persisted: tone, claims" || testid(p, "chat-job-status").Text() != "RUNNING" {
+		t.Errorf("the job in the way: %q %q", testid(p, "chat-job-status").Text(), got)
 	}
 	// SSE replaces this refresh later; until then the queued fragment reloads itself.
 	if got := testid(p, "chat-turn").AttrOr("hx-trigger", ""); got != "every 1s" {
@@ -396,9 +407,32 @@ func TestStopEndsARunningTurnAndAClosedTabDoesNot(t *testing.T) {
 func TestAnotherOrgsTurnIsNotFound(t *testing.T) {
 	acme, globex := twoHomes(t, 0)
 	a, g := newChatDash(t, acme), newChatDash(t, globex)
-	id := a.send(a.as("ada"), "", "acme's question")
+	id := a.send(a.as("ada"), "", "acme's question "+hostile)
 	a.await(id, "the end", ended)
 	get(g.as("ada"), "/orgs/globex/chat/turns/"+id).Expect().Status(http.StatusNotFound)
 	g.as("ada").POST("/orgs/globex/chat/turns/" + id + "/stop").Expect().Status(http.StatusNotFound)
 	page(t, a.as("ada"), "/orgs/acme/chat/turns/"+id, "/orgs/acme")
+}
+
+// A turn whose lease is taken away (an operator's force release) stops its agent at the
+// next refresh and fails with the reason; its other lease is released.
+func TestATurnThatLosesItsLeaseKillsItsAgent(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	acme.write("scripted-agent.json", `{"chat_step_ms": 60000}`)
+	d := newChatDash(t, acme)
+	id := d.send(d.as("ada"), "", "Take your time")
+	d.await(id, "the agent", func(t chat.Turn) bool { return t.State == chat.StateRunning })
+	if _, err := d.control.ForceRelease(context.Background(), "home:acme", "operator:bob", "stuck turn"); err != nil {
+		t.Fatal(err)
+	}
+	turn := d.await(id, "the end", ended)
+	if turn.State != chat.StateFailed || !strings.Contains(turn.Reason, "lost its lease home:acme") {
+		t.Fatalf("turn after losing its lease %+v", turn)
+	}
+	if pids := agentsOn(t, acme.dir); len(pids) != 0 {
+		t.Errorf("agents left: %v", pids)
+	}
+	if d.held("session:acme.new-" + id) {
+		t.Error("the session lease is still held")
+	}
 }
