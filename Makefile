@@ -6,8 +6,9 @@ export CGO_ENABLED ?= 0
 BIN := bin/hermes-host
 AGENT := bin/scripted-agent
 GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -path './.pgdata/*') go.mod go.sum $(wildcard migrations/*.sql sartiq/backend/migrations/*.sql static/*.css) sartiq/backend/openapi.yaml
-# htmx, from npm as package-lock.json pins it, copied where the binary embeds it from.
-HTMX := static/vendor/htmx.min.js
+# htmx and its SSE extension, from npm as package-lock.json pins them, copied where the binary
+# embeds them from.
+HTMX := static/vendor/htmx.min.js static/vendor/htmx-ext-sse.min.js
 
 .PHONY: run test build generate lint test-go test-python fuzz bench bench-dashboard images clean
 
@@ -22,9 +23,11 @@ build: $(BIN) $(AGENT)
 $(BIN): $(GO_SOURCES) $(HTMX)
 	$(GO) build -trimpath -o $@ ./cmd/hermes-host
 
-$(HTMX): package.json package-lock.json
+$(HTMX) &: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
-	mkdir -p $(@D) && cp node_modules/htmx.org/dist/htmx.min.js $@
+	mkdir -p static/vendor
+	cp node_modules/htmx.org/dist/htmx.min.js static/vendor/htmx.min.js
+	cp node_modules/htmx-ext-sse/dist/sse.min.js static/vendor/htmx-ext-sse.min.js
 
 $(AGENT): $(GO_SOURCES)
 	$(GO) build -trimpath -o $@ ./cmd/scripted-agent

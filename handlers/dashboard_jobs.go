@@ -1,11 +1,15 @@
 package handlers
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
+	"time"
 
+	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
 
 	"hermeshost/control"
@@ -16,11 +20,16 @@ import (
 const jobsPage = 50
 
 // Jobs is GET <prefix>/jobs (?cursor= the next page): the org's jobs from the control API's
-// job mirror, newest first. Live updates come with the SSE stream; the page shows what was
-// mirrored when it was loaded.
+// job mirror, newest first. The first page updates from the live stream (its rows as their
+// jobs change, a reload for a job it has not listed); older pages show what was mirrored
+// when they loaded.
 func (h *Dashboard) Jobs(w http.ResponseWriter, r *http.Request) {
 	v := templates.JobListView{Frame: h.frame(r.Context(), templates.NavJobs)}
 	cursor := r.URL.Query().Get("cursor")
+	// Read before the jobs, so the stream replays whatever changed while they were read.
+	if after, ok := liveAfter(r.Context()); ok && cursor == "" {
+		v.Live = h.Paths().Events(after)
+	}
 	ctx, cancel := h.source(r.Context())
 	defer cancel()
 	page, err := h.Control.Jobs(ctx, jobsPage, cursor)
@@ -68,10 +77,26 @@ func (h *Dashboard) Job(w http.ResponseWriter, r *http.Request) {
 		h.Error(w, r, http.StatusBadGateway, "The dispatcher's control API did not answer, so the job cannot be shown; reload the page in a moment.")
 		return
 	}
-	v := templates.JobDetailView{Frame: h.frame(r.Context(), templates.NavJobs), Job: h.jobRow(d.Job), Truncated: d.Truncated}
+	v := h.jobDetail(d)
+	v.Frame = h.frame(r.Context(), templates.NavJobs)
+	if after, ok := liveAfter(r.Context()); ok {
+		// From the newest of the events shown (when the stream is further), so none of
+		// them is appended again.
+		if n := len(d.Events); n > 0 {
+			after = max(after, d.Events[n-1].ID)
+		}
+		v.Live = h.Paths().Events(after)
+	}
+	h.Render(w, r, http.StatusOK, templates.DashboardJob(v))
+}
+
+// jobDetail is the page's view of d (without its frame): the outcome and the progress its
+// events state, and the events.
+func (h *Dashboard) jobDetail(d control.JobDetail) templates.JobDetailView {
+	v := templates.JobDetailView{Job: h.jobRow(d.Job), Truncated: d.Truncated}
 	var progress *templates.JobProgress
 	for _, e := range d.Events {
-		v.Events = append(v.Events, templates.JobEventRow{ID: e.ID, Attempt: e.Attempt, Kind: e.Kind, At: shownTime(e.At), Data: string(e.Data)})
+		v.Events = append(v.Events, jobEventRow(e.ID, e.Attempt, e.Kind, e.At, e.Data))
 		var data jobEventData
 		if json.Unmarshal(e.Data, &data) != nil {
 			continue
@@ -100,7 +125,74 @@ func (h *Dashboard) Job(w http.ResponseWriter, r *http.Request) {
 		progress.Percent = min(100, progress.Persisted*100/progress.Total)
 	}
 	v.Progress = progress
-	h.Render(w, r, http.StatusOK, templates.DashboardJob(v))
+	return v
+}
+
+func jobEventRow(id int64, attempt int, kind string, at time.Time, data json.RawMessage) templates.JobEventRow {
+	return templates.JobEventRow{ID: id, Attempt: attempt, Kind: kind, At: shownTime(at), Data: string(data)}
+}
+
+type liveAfterKey struct{}
+
+// WithLiveAfter says, for a page rendered with ctx, that the live stream is served and
+// has seen the org's events up to id: the page connects to it from there.
+func WithLiveAfter(ctx context.Context, id int64) context.Context {
+	return context.WithValue(ctx, liveAfterKey{}, id)
+}
+
+func liveAfter(ctx context.Context) (int64, bool) {
+	id, ok := ctx.Value(liveAfterKey{}).(int64)
+	return id, ok
+}
+
+// LiveFragment is one piece of HTML the live stream sends: the SSE event it is swapped in
+// by (templates.LiveJob*) and the id of the org's job event it is current with.
+type LiveFragment struct {
+	ID    int64
+	Event string
+	HTML  string
+}
+
+// LiveJobs renders what the live stream sends for a page of the org's job events (oldest
+// first): each event's row for its job's page, and after a job's last event in the page
+// its list row and its page's head (status, outcome, progress), read once from the control
+// API however many tabs are open, so every fragment is in id order. A claim or re-claim
+// also sends templates.LiveJobs (the list has a job to add or move up). A job the control
+// API does not answer for keeps its event rows; the failure is logged.
+func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []LiveFragment {
+	lastOf := map[string]int{}
+	for i, e := range events {
+		lastOf[e.JobID] = i
+	}
+	var out []LiveFragment
+	for i, e := range events {
+		out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveJobEvents(e.JobID),
+			HTML: renderString(ctx, templates.JobEventTableRow(jobEventRow(e.ID, e.Attempt, e.Kind, e.At, e.Data)))})
+		if e.Kind == "claim" || e.Kind == "reclaim" {
+			out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveJobs, HTML: "claimed"})
+		}
+		if lastOf[e.JobID] != i {
+			continue
+		}
+		sctx, cancel := h.source(ctx)
+		d, err := h.Control.Job(sctx, e.JobID)
+		cancel()
+		if err != nil {
+			h.Log.Warn("dashboard: live job from the control API", "org", h.Org, "job", e.JobID, "err", err)
+			continue
+		}
+		v := h.jobDetail(d)
+		out = append(out,
+			LiveFragment{ID: e.ID, Event: templates.LiveJobRow(e.JobID), HTML: renderString(ctx, templates.JobListRow(v.Job))},
+			LiveFragment{ID: e.ID, Event: templates.LiveJobHead(e.JobID), HTML: renderString(ctx, templates.JobHead(v))})
+	}
+	return out
+}
+
+func renderString(ctx context.Context, c templ.Component) string {
+	var b bytes.Buffer
+	_ = c.Render(ctx, &b) // into memory: it fails only as the component does, never here
+	return b.String()
 }
 
 // jobEventData is what the dashboard reads of a worker's event (worker.Run's start,

@@ -1,6 +1,6 @@
 // Package static is the operator UIs' stylesheet and scripts, embedded in the binary and
-// served under /static/. htmx comes from npm (package-lock.json pins it) and is copied into
-// vendor/ by `make build`; it is never committed.
+// served under /static/. htmx and its SSE extension come from npm (package-lock.json pins them)
+// and are copied into vendor/ by `make build`; they are never committed.
 package static
 
 import (

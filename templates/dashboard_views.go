@@ -1,7 +1,10 @@
 package templates
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/url"
+	"strconv"
 
 	"github.com/a-h/templ"
 )
@@ -241,7 +244,44 @@ type JobListView struct {
 	Jobs  []JobRow
 	First templ.SafeURL // back to the newest; empty on the first page
 	Next  templ.SafeURL // the next (older) page; empty on the last
+	// Live is the SSE stream's URL (Paths.Events) the page updates from; empty: not live
+	// (an older page, whose rows a new job would not join).
+	Live string
 }
+
+// LiveJobRow, LiveJobHead and LiveJobEvents are the SSE event names that carry job id's
+// row in the list, its page's head and progress, and its page's new event rows. A job id
+// is the backend's text, so the names hold a digest of it, never the id itself (nothing
+// untrusted in sse-* attributes).
+func LiveJobRow(id string) string    { return "jobrow-" + liveDigest(id) }
+func LiveJobHead(id string) string   { return "jobhead-" + liveDigest(id) }
+func LiveJobEvents(id string) string { return "jobevents-" + liveDigest(id) }
+
+func liveDigest(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:12])
+}
+
+// The SSE events every live page listens for: a job the list has not shown (its first
+// claim, or a re-claim that moves it to the top), and a stream that could not pick up
+// where the page left off.
+const (
+	LiveJobs   = "jobs"
+	LiveReload = "reload"
+)
+
+// Events is the URL of the dashboard's SSE stream, resuming after event id after (0: from
+// when it connects).
+func (p Paths) Events(after int64) string {
+	if after <= 0 {
+		return p.HX("/events")
+	}
+	return p.HX("/events?after=" + strconv.FormatInt(after, 10))
+}
+
+// LiveRefresh is the URL a live page asks when the stream says it missed events: the
+// answer makes htmx reload the page.
+func (p Paths) LiveRefresh() string { return p.HX("/events/refresh") }
 
 // JobDetailView is one job, what its outcome says, its progress and its newest events.
 type JobDetailView struct {
@@ -255,6 +295,9 @@ type JobDetailView struct {
 	Progress  *JobProgress
 	Events    []JobEventRow
 	Truncated bool // older events were left out
+	// Live is the SSE stream's URL (Paths.Events, after the newest event shown); empty:
+	// not live.
+	Live string
 }
 
 // JobProgress is a checkpointed run's progress as its events state it: the categories

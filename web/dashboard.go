@@ -70,6 +70,7 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/skills       authored and bundled skills
 //	<prefix>/jobs         the org's jobs from the control API (?cursor= next page)
 //	<prefix>/jobs/{id}    one job: outcome, progress, newest events
+//	<prefix>/events       the live updates of the jobs pages (SSE); .../refresh reloads a page
 //	<prefix>/subagents    running and finished subagents; POST .../{id}/cancel and
 //	                      .../{id}/messages (body) act through the control API as the operator
 //	<prefix>/leases       the org's home: and session: leases, their events (?confirm=<key>
@@ -116,6 +117,7 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 		},
 	}
 	chatH := &handlers.Chat{Dashboard: h, Runner: cfg.Chat}
+	live := newLiveFeed(cfg.Control, h.LiveJobs, ops.Log, ops.Registry)
 	ops.Health.Probe("home", func(context.Context) error {
 		_, err := cfg.Home.Stat(".")
 		return err
@@ -139,8 +141,10 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Get(p+"/sessions/{id}", h.HermesTranscript)
 			r.Get(p+"/memory", h.Memory)
 			r.Get(p+"/skills", h.Skills)
-			r.Get(p+"/jobs", h.Jobs)
-			r.Get(p+"/jobs/{id}", h.Job)
+			r.With(live.mark).Get(p+"/jobs", h.Jobs)
+			r.With(live.mark).Get(p+"/jobs/{id}", h.Job)
+			r.Get(p+"/events", live.ServeHTTP)
+			r.Get(p+"/events/refresh", liveRefresh)
 			r.Get(p+"/subagents", h.Subagents)
 			r.Post(p+"/subagents/{id}/cancel", h.SubagentCancel)
 			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
