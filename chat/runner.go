@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -47,6 +48,10 @@ const acquireWait = 2 * time.Second
 
 // MaxMessage bounds a chat message, which goes on the agent's command line.
 const MaxMessage = 32 << 10
+
+// keptTurns is how many ended turns a Runner remembers for their pages; older ones are
+// forgotten (their sessions stay in state.db).
+const keptTurns = 500
 
 // ErrQueueFull refuses a second queued turn for one session.
 var ErrQueueFull = errors.New("a message to this session is already queued")
@@ -109,7 +114,8 @@ type Runner struct {
 
 	mu    sync.Mutex
 	turns map[string]*turn
-	queue []*turn // waiting and the one at its head, which may be acquiring or running
+	queue []*turn  // waiting and the one at its head, which may be acquiring or running
+	ended []string // ids of ended turns, oldest first
 	wake  chan struct{}
 	// changed is closed, and replaced, whenever a turn changes: Wait's signal.
 	changed chan struct{}
@@ -304,6 +310,11 @@ func (r *Runner) endLocked(t *turn, state, reason string) {
 		}
 	}
 	close(t.done)
+	r.ended = append(r.ended, t.ID)
+	if len(r.ended) > keptTurns {
+		delete(r.turns, r.ended[0])
+		r.ended = r.ended[1:]
+	}
 	r.changedLocked()
 }
 
@@ -403,7 +414,11 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 	case err != nil:
 		return StateFailed, err.Error(), "", res.SessionID
 	case code != 0:
-		return StateFailed, fmt.Sprintf("the agent exited with status %d", code), "", res.SessionID
+		why := fmt.Sprintf("the agent exited with status %d", code)
+		if last := lastLine(res.Stderr); last != "" {
+			why += ": " + last
+		}
+		return StateFailed, why, "", res.SessionID
 	}
 	return StateDone, "", answerOf(res.Stdout), res.SessionID
 }
@@ -477,21 +492,21 @@ func (r *Runner) keep(ctx context.Context, cancel context.CancelCauseFunc, ls ..
 // first, its own process group killed on stop, and in its environment only its home and
 // the org's gateway key under the name config.yaml gives it. A chat has no job: no token
 // proxy, no sartiq, no hook socket. Its working folder is a fresh one with no manifest.
-func (r *Runner) exec(ctx context.Context, t *turn) (hermescli.Result, int, error) {
+func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 	lock, err := worker.LockHome(r.cfg.Home.Dir)
 	if err != nil {
-		return hermescli.Result{}, 0, fmt.Errorf("%w: another agent is running on this home", err)
+		return result{}, 0, fmt.Errorf("%w: another agent is running on this home", err)
 	}
 	defer lock.Unlock() //nolint:errcheck // the kernel drops it with the process anyway
 	if _, err := r.cfg.Home.EnsureAgentSetup(orghome.AgentSetup{
 		Provider: hermescli.Provider, BaseURL: r.cfg.GatewayURL + "/v1", Model: r.cfg.Model,
 		KeyEnv: hermescli.KeyEnv, BundledSkills: r.cfg.BundledSkills, Plugin: r.cfg.Plugin,
 	}); err != nil {
-		return hermescli.Result{}, 0, err
+		return result{}, 0, err
 	}
 	dir, err := os.MkdirTemp("", "hermes-chat-")
 	if err != nil {
-		return hermescli.Result{}, 0, fmt.Errorf("chat working folder: %w", err)
+		return result{}, 0, fmt.Errorf("chat working folder: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	resume := ""
@@ -508,23 +523,63 @@ func (r *Runner) exec(ctx context.Context, t *turn) (hermescli.Result, int, erro
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var out hermescli.Output
+	var tail stderrTail
 	cmd.Stdout = out.Stdout()
-	cmd.Stderr = out.Stderr(os.Stderr)
+	cmd.Stderr = out.Stderr(io.MultiWriter(os.Stderr, &tail))
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
-		return hermescli.Result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
+		return result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
 	}
 	r.update(t, func(s *Turn) { s.State = StateRunning })
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 	select {
 	case err := <-waited:
-		return out.Result(), exitCode(err), nil
+		return result{out.Result(), tail.String()}, exitCode(err), nil
 	case <-ctx.Done():
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-waited
-		return out.Result(), -1, nil
+		return result{out.Result(), tail.String()}, -1, nil
 	}
+}
+
+// result is what a run said: hermescli's reading, and the end of its stderr, which says
+// why a failed run failed.
+type result struct {
+	hermescli.Result
+	Stderr string
+}
+
+// stderrTail keeps the last 4 KiB written to it.
+type stderrTail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *stderrTail) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if n := len(w.buf) - 4<<10; n > 0 {
+		w.buf = w.buf[n:]
+	}
+	return len(p), nil
+}
+
+func (w *stderrTail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
+}
+
+// lastLine is the last line of s with text, cut to 500 bytes.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	if len(last) > 500 {
+		last = last[:500]
+	}
+	return strings.ToValidUTF8(last, "")
 }
 
 // answerOf is the final answer of quiet mode: stdout without the warning lines the real

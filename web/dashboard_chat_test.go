@@ -234,6 +234,11 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 	if len(users) != 2 || users[0] != "What is our return policy?" || users[1] != "And for sale items?" {
 		t.Errorf("user messages of the resumed session %q", users)
 	}
+	// A session the home does not have: the agent's own reason is the turn's.
+	lost := d.await(d.send(e, "20990101_000000_abcdef", "Hello?"), "the end", ended)
+	if lost.State != chat.StateFailed || !strings.Contains(lost.Reason, "no such session") {
+		t.Errorf("a turn to an unknown session %+v", lost)
+	}
 	for _, key := range []string{"home:acme", "session:acme." + turn.SessionID, "session:acme.new-" + first} {
 		if d.held(key) {
 			t.Errorf("%s is still held after the turns", key)
