@@ -136,6 +136,7 @@ func newDash(t *testing.T, o dashOptions) *dash {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cs.Close) // its mirror's listener, which a live stream's long-poll starts
 	csrv := httptest.NewServer(cs.Handler())
 	t.Cleanup(csrv.Close)
 	controlURL := csrv.URL
