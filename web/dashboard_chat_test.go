@@ -190,8 +190,8 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 	d := newChatDash(t, acme)
 	e := d.as("ada")
 	p := page(t, e, "/orgs/acme/chat", "/orgs/acme")
-	if testid(p, "chat-form").Length() != 1 {
-		t.Fatal("no chat form")
+	if testid(p, "chat-form").Length() != 1 || testid(p, "nav-chat").AttrOr("aria-current", "") != "page" {
+		t.Fatal("no chat form, or the nav does not show Chat as the open page")
 	}
 
 	first := d.send(e, "", "What is our return policy?")
@@ -358,13 +358,24 @@ func TestStopEndsARunningTurnAndAClosedTabDoesNot(t *testing.T) {
 			t.Fatalf("%s is not held while the turn runs", key)
 		}
 	}
-	p := page(t, e, "/orgs/acme/chat/turns/"+id, "/orgs/acme")
-	if testid(p, "chat-stop").Length() != 1 || testid(p, "chat-state").Text() != "running" {
-		t.Fatalf("running turn's page: state %q", testid(p, "chat-state").Text())
+	// The agent stores the user message soon after it starts, then sits in its first step;
+	// the page is asked again until it shows, as its own refresh would.
+	var p *goquery.Document
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		p = page(t, e, "/orgs/acme/chat/turns/"+id, "/orgs/acme")
+		if testid(p, "chat-stop").Length() != 1 || testid(p, "chat-state").Text() != "running" {
+			t.Fatalf("running turn's page: state %q", testid(p, "chat-state").Text())
+		}
+		if p.Find(`[data-testid="message"][data-role="user"]`).Length() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the running turn's page never showed its user message")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	// The user message is on state.db while the agent works on it.
-	if got := p.Find(`[data-testid="message"][data-role="user"]`).Length(); got != 1 {
-		t.Errorf("%d user rows shown while running", got)
+	if got := testid(p, "chat-session-id").Text(); got == "" {
+		t.Error("the new session's id is not shown while it runs")
 	}
 
 	e.POST("/orgs/acme/chat/turns/" + id + "/stop").Expect().Status(http.StatusSeeOther).
