@@ -342,3 +342,11 @@ func dropped(t *testing.T, d *liveDash) int {
 	}
 	return 0
 }
+
+func TestAnIdleLiveStreamGetsAHeartbeat(t *testing.T) {
+	defer func(d time.Duration) { liveHeartbeat = d }(liveHeartbeat)
+	liveHeartbeat = 50 * time.Millisecond
+	d := newLiveDash(t)
+	s := d.open("", true)
+	s.until("a heartbeat", func(m sseMessage) bool { return m.Comment == "heartbeat" && m.Event == "" })
+}
