@@ -312,6 +312,7 @@ func (d *Dispatcher) launchDashboard(ctx context.Context, org string, log *slog.
 		if _, err := d.cfg.Runtime.EnsureDashboard(ctx, org, runtime.Dashboard{
 			Args:    []string{"hermes-host", "dashboard", "--org", org, "--addr", addr},
 			Secrets: secrets,
+			Env:     d.cfg.DashboardEnv,
 		}); err != nil {
 			return "", err
 		}

@@ -101,10 +101,13 @@ type Config struct {
 	OrgIdle time.Duration
 	// WorkerEnv is passed to every run-job besides what the dispatcher sets (for example
 	// HEARTBEAT_INTERVAL, MAX_TURNS, HERMES_BIN).
-	WorkerEnv  []string
-	Log        *slog.Logger
-	HTTP       *http.Client
-	Registerer prometheus.Registerer
+	WorkerEnv []string
+	// DashboardEnv is added to every dashboard's environment: the settings of the agent its
+	// chat runs (HERMES_BIN, MAX_TURNS, WORKER_MODEL); never secrets.
+	DashboardEnv []string
+	Log          *slog.Logger
+	HTTP         *http.Client
+	Registerer   prometheus.Registerer
 }
 
 // Dispatcher runs the cycle. At most one job per org is in flight, and only for orgs whose

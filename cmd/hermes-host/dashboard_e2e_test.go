@@ -386,6 +386,26 @@ func testDashboardsThroughTheLauncher(t *testing.T, env ...string) {
 		}
 	}
 
+	// The org's agent answers a chat, started by the dashboard the dispatcher runs (the agent
+	// command and model reach it from the dispatcher as they reach workers).
+	sent := e.POST("/orgs/acme/chat").WithHeader("Origin", dev.launcher).
+		WithFormField("message", "What ships on Tuesdays?").Expect().Status(http.StatusSeeOther)
+	turn := sent.Header("Location").Raw()
+	if !strings.HasPrefix(turn, "/orgs/acme/chat/turns/") {
+		t.Fatalf("the chat led to %q", turn)
+	}
+	var state, answer, reason string
+	waitUntil(t, 60*time.Second, func() bool {
+		doc := parse(t, e.GET(turn).Expect().Status(http.StatusOK).Body().Raw())
+		state = strings.TrimSpace(byTestID(doc, "chat-state").Text())
+		answer = strings.TrimSpace(byTestID(doc, "chat-answer").Text())
+		reason = strings.TrimSpace(byTestID(doc, "chat-reason").Text())
+		return answer != "" || strings.Contains(state, "failed") || strings.Contains(state, "stopped")
+	})
+	if !strings.Contains(answer, "demo reply") {
+		t.Fatalf("the chat turn ended %q (%s) without the model's answer: %q", state, reason, answer)
+	}
+
 	// A dashboard that died is started again on the next request.
 	pids := dashboardPIDs("acme")
 	if len(pids) == 0 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"hermeshost/cli"
@@ -95,6 +96,20 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 			s.workerEnv = append(s.workerEnv, v.Name+"="+val)
 		}
 	}
+}
+
+// dashboardEnv is what a dashboard's chat needs to run the agent as jobs do: the agent
+// command and turn limit the workers get, and the model.
+func dashboardEnv(s dispatcherSettings) []string {
+	env := []string{config.WorkerModel.Name + "=" + s.workerModel}
+	for _, kv := range s.workerEnv {
+		for _, v := range []config.Var{config.HermesBin, config.MaxTurns} {
+			if strings.HasPrefix(kv, v.Name+"=") {
+				env = append(env, kv)
+			}
+		}
+	}
+	return env
 }
 
 // runDispatcher polls until ctx ends, then stops claiming, lets the jobs in flight finish
@@ -191,7 +206,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, Subagents: subagents, OrgsRoot: s.orgsRoot,
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
 		WorkerModel: s.workerModel, VisionModel: s.visionModel, ClaimEnabled: s.claim, MaxAttempts: s.maxAttempts,
-		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, Log: log, Registerer: ops.Registry,
+		LeaseTTL: s.leaseTTL, MaxOrgs: s.maxOrgs, WorkerEnv: s.workerEnv, DashboardEnv: dashboardEnv(s), Log: log, Registerer: ops.Registry,
 		ControlURL: controlURL, ControlKey: func(org string) (string, error) { return control.Key(s.controlSecret, org) },
 		Dashboards: dashStore, DashboardSecret: s.dashSecret, DashboardIdle: s.dashIdle,
 		// Docker dashboards outlive a production dispatcher for its next start to adopt;

@@ -45,6 +45,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build hermes-host:", err)
 		os.Exit(1)
 	}
+	// Beside it, as make build puts it: the agent dev's workers and dashboards run.
+	agent := exec.Command("go", "build", "-o", filepath.Join(dir, "scripted-agent"), "../scripted-agent")
+	agent.Stderr = os.Stderr
+	if err := agent.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build scripted-agent:", err)
+		os.Exit(1)
+	}
 	code := pgtest.Run(m)
 	os.RemoveAll(dir)
 	os.Exit(code)

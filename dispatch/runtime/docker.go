@@ -171,7 +171,7 @@ func (d *Docker) adopt(ctx context.Context) error {
 
 // EnsureWorker implements Runtime.
 func (d *Docker) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
-	return d.ensure(ctx, org, RoleWorker, d.cfg.WorkerIdle, nil)
+	return d.ensure(ctx, org, RoleWorker, d.cfg.WorkerIdle, nil, nil)
 }
 
 // EnsureDashboard implements Runtime.
@@ -179,10 +179,10 @@ func (d *Docker) EnsureDashboard(ctx context.Context, org string, dash Dashboard
 	if len(dash.Args) == 0 {
 		return Ensured{}, errors.New("ensure dashboard: no command")
 	}
-	return d.ensure(ctx, org, RoleDashboard, dash.Args, dash.Secrets)
+	return d.ensure(ctx, org, RoleDashboard, dash.Args, dash.Secrets, dash.Env)
 }
 
-func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets []string) (Ensured, error) {
+func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets, env []string) (Ensured, error) {
 	dirs, err := d.cfg.prepareOrg(org)
 	if err != nil {
 		return Ensured{}, err
@@ -200,7 +200,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 		d.cfg.Metrics.ensured(d.Kind(), role, false)
 		return Ensured{Unit: unit}, nil
 	}
-	id, err = d.start(ctx, name, org, role, dirs, cmd, secrets)
+	id, err = d.start(ctx, name, org, role, dirs, cmd, secrets, env)
 	if err != nil {
 		return Ensured{}, err
 	}
@@ -256,7 +256,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 	return "", d.remove(ctx, info.ID)
 }
 
-func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets []string) (string, error) {
+func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets, env []string) (string, error) {
 	labels := map[string]string{
 		LabelManaged:  "true",
 		LabelScope:    d.cfg.Scope,
@@ -278,6 +278,7 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		},
 		Labels: labels,
 	}
+	config.Env = append(config.Env, env...)
 	if role == RoleDashboard {
 		config.Image = d.cfg.DashboardImage
 		// Secrets arrive on stdin, which closes after them: nothing stored by the engine

@@ -79,7 +79,7 @@ func (p *Process) Kind() string { return "process" }
 
 // EnsureWorker implements Runtime.
 func (p *Process) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
-	return p.ensure(org, RoleWorker, p.cfg.WorkerIdle, nil)
+	return p.ensure(org, RoleWorker, p.cfg.WorkerIdle, nil, nil)
 }
 
 // EnsureDashboard implements Runtime.
@@ -87,10 +87,10 @@ func (p *Process) EnsureDashboard(ctx context.Context, org string, d Dashboard) 
 	if len(d.Args) == 0 {
 		return Ensured{}, errors.New("ensure dashboard: no command")
 	}
-	return p.ensure(org, RoleDashboard, d.Args, d.Secrets)
+	return p.ensure(org, RoleDashboard, d.Args, d.Secrets, d.Env)
 }
 
-func (p *Process) ensure(org string, role Role, args, secrets []string) (Ensured, error) {
+func (p *Process) ensure(org string, role Role, args, secrets, env []string) (Ensured, error) {
 	dirs, err := p.cfg.prepareOrg(org)
 	if err != nil {
 		return Ensured{}, err
@@ -108,7 +108,7 @@ func (p *Process) ensure(org string, role Role, args, secrets []string) (Ensured
 	}
 	p.mu.Unlock()
 
-	cmd, err := p.command(org, dirs, args, nil)
+	cmd, err := p.command(org, dirs, args, env)
 	if err != nil {
 		return Ensured{}, err
 	}

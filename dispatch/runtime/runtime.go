@@ -80,6 +80,9 @@ type Dashboard struct {
 	// Secrets are KEY=VALUE lines written to the dashboard's standard input, which is then
 	// closed: the dashboard reads them to EOF before serving.
 	Secrets []string
+	// Env holds KEY=VALUE settings added to its environment (the agent command its chat
+	// runs, say); never a secret, since an engine keeps a container's environment.
+	Env []string
 }
 
 // ExitStatus is how a program ended.
