@@ -67,6 +67,16 @@ func WriteError(w http.ResponseWriter, status int, code, message string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "message": message})
 }
 
+type shutdownKey struct{}
+
+// ShuttingDown is closed when the server that took the request begins to shut down. A
+// long-lived answer (an event stream) ends on it, so that draining waits only for the
+// requests that end by themselves; nil (never ready) outside such a server.
+func ShuttingDown(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(shutdownKey{}).(chan struct{})
+	return ch
+}
+
 // Server is one HTTP listener that drains in-flight requests on shutdown.
 type Server struct {
 	name  string
@@ -82,14 +92,19 @@ func Listen(name, addr string, h http.Handler, log *slog.Logger, grace time.Dura
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen on %s: %w", name, addr, err)
 	}
+	down := make(chan struct{})
 	s := &Server{
 		name: name, ln: ln, log: log, grace: grace,
 		srv: &http.Server{
 			Handler:           h,
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			BaseContext: func(net.Listener) context.Context {
+				return context.WithValue(context.Background(), shutdownKey{}, down)
+			},
 		},
 	}
+	s.srv.RegisterOnShutdown(func() { close(down) })
 	log.Info("listening", "server", name, "url", s.URL())
 	return s, nil
 }

@@ -275,3 +275,40 @@ func TestSecretNeverPrints(t *testing.T) {
 		t.Fatal("Reveal must give the value")
 	}
 }
+
+// A long-lived answer (an event stream) ends when its server starts shutting down, so the
+// shutdown drains without waiting out the grace period for it.
+func TestStreamsEndWhenTheServerShutsDown(t *testing.T) {
+	started := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(started)
+		select {
+		case <-ShuttingDown(r.Context()):
+		case <-r.Context().Done():
+		}
+	})
+	srv, err := Listen("stream", "127.0.0.1:0", h, slog.New(slog.DiscardHandler), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	resp, err := http.Get(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-started
+	stop()
+	// Without the stream ending, Serve would wait the minute out and report it cut.
+	if err := <-served; err != nil {
+		t.Fatalf("shutdown with a stream open: %v", err)
+	}
+	if ShuttingDown(context.Background()) != nil {
+		t.Fatal("a context of no server says it is shutting down")
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"hermeshost/control"
 	"hermeshost/handlers"
+	"hermeshost/service"
 	"hermeshost/templates"
 )
 
@@ -312,6 +313,8 @@ func (f *liveFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-service.ShuttingDown(r.Context()):
+			return
 		case <-heartbeat.C:
 			if !write(": waiting for the job events\n\n") {
 				return
@@ -336,6 +339,8 @@ func (f *liveFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-service.ShuttingDown(r.Context()):
+			return // the browser reconnects to the next dashboard with its last id
 		case <-heartbeat.C:
 			if !write(": heartbeat\n\n") {
 				return

@@ -21,6 +21,7 @@ import (
 	"hermeshost/dashboards"
 	"hermeshost/handlers"
 	"hermeshost/operator"
+	"hermeshost/service"
 	"hermeshost/static"
 	"hermeshost/templates"
 )
@@ -155,6 +156,20 @@ func (p *dashboardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.markSeen(r.Context(), org)
 	ctx := context.WithValue(r.Context(), targetKey{}, proxyTarget{org: org, url: target, assertion: tok})
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		// A stream lasts as long as the page: it ends when the launcher shuts down, so
+		// that draining waits only for requests that end by themselves.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-service.ShuttingDown(ctx):
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	p.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
