@@ -15,11 +15,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"hermeshost/control"
@@ -71,9 +69,13 @@ type Config struct {
 	GatewayKey    service.Secret
 	Model         string
 	BundledSkills string
-	Plugin        orghome.Plugin
-	LeaseTTL      time.Duration // DefaultLeaseTTL when zero
-	Log           *slog.Logger
+	// Bundled is the image's bundled skills and SkillsMax the authored skills kept enabled
+	// (SKILLS_MAX_AUTHORED, 0: no cap): the cap is applied before a turn as before a job.
+	Bundled   *orghome.Bundled
+	SkillsMax int
+	Plugin    orghome.Plugin
+	LeaseTTL  time.Duration // DefaultLeaseTTL when zero
+	Log       *slog.Logger
 }
 
 // Turn is a snapshot of one turn.
@@ -498,11 +500,14 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 		return result{}, 0, fmt.Errorf("%w: another agent is running on this home", err)
 	}
 	defer lock.Unlock() //nolint:errcheck // the kernel drops it with the process anyway
-	if _, err := r.cfg.Home.EnsureAgentSetup(orghome.AgentSetup{
-		Provider: hermescli.Provider, BaseURL: r.cfg.GatewayURL + "/v1", Model: r.cfg.Model,
-		KeyEnv: hermescli.KeyEnv, BundledSkills: r.cfg.BundledSkills, Plugin: r.cfg.Plugin,
-	}); err != nil {
+	if _, err := r.cfg.Home.EnsureAgentSetup(hermescli.Setup(r.cfg.GatewayURL, r.cfg.Model, r.cfg.BundledSkills, r.cfg.Plugin)); err != nil {
 		return result{}, 0, err
+	}
+	if r.cfg.SkillsMax > 0 {
+		// The cap as a job applies it; usage unknown (state.db busy) leaves it to the next start.
+		if _, err := r.cfg.Home.EnforceSkillCap(ctx, r.cfg.SkillsMax, r.cfg.Bundled); err != nil && !errors.Is(err, orghome.ErrStateBusy) {
+			return result{}, 0, err
+		}
 	}
 	dir, err := os.MkdirTemp("", "hermes-chat-")
 	if err != nil {
@@ -513,34 +518,12 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 	if t.Resume {
 		resume = t.SessionID
 	}
-	cmd := exec.Command(r.cfg.HermesBin, hermescli.Args(t.Message, r.cfg.MaxTurns, resume)...)
-	cmd.Dir = dir
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + r.cfg.Home.Dir,
-		"HERMES_HOME=" + r.cfg.Home.Dir,
-		hermescli.KeyEnv + "=" + r.cfg.GatewayKey.Reveal(),
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var out hermescli.Output
 	var tail stderrTail
-	cmd.Stdout = out.Stdout()
-	cmd.Stderr = out.Stderr(io.MultiWriter(os.Stderr, &tail))
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
-	}
-	r.update(t, func(s *Turn) { s.State = StateRunning })
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	select {
-	case err := <-waited:
-		return result{out.Result(), tail.String()}, exitCode(err), nil
-	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-waited
-		return result{out.Result(), tail.String()}, -1, nil
-	}
+	res, code, err := hermescli.Launch{
+		Bin: r.cfg.HermesBin, Args: hermescli.Args(t.Message, r.cfg.MaxTurns, resume), Home: r.cfg.Home.Dir,
+		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Stderr: io.MultiWriter(os.Stderr, &tail),
+	}.Run(ctx, func() { r.update(t, func(s *Turn) { s.State = StateRunning }) })
+	return result{res, tail.String()}, code, err
 }
 
 // result is what a run said: hermescli's reading, and the end of its stderr, which says
@@ -616,17 +599,6 @@ func (r *Runner) LiveSession(ctx context.Context, t Turn) (string, error) {
 		return page.Sessions[0].ID, nil
 	}
 	return "", nil
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
 }
 
 func newID() string {

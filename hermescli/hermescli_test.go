@@ -2,10 +2,16 @@ package hermescli
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestArgsAreTheHeadlessContract(t *testing.T) {
@@ -68,5 +74,57 @@ func TestOutputCutsAFlood(t *testing.T) {
 	r := o.Result()
 	if !r.StdoutCut || len(r.Stdout) != MaxStdout {
 		t.Fatalf("kept %d bytes, cut %v", len(r.Stdout), r.StdoutCut)
+	}
+}
+
+// Every agent start gets only its home, the gateway key under KeyEnv and what its caller
+// adds, never the caller's own environment; ending ctx kills the agent's whole group.
+func TestLaunchGivesTheAgentOnlyWhatItNeeds(t *testing.T) {
+	t.Setenv("HOST_ONLY_SECRET", "must-not-reach-the-agent")
+	script := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nenv | sort\necho 'session_id: 20261203_141812_7c2bfe' >&2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	res, code, err := Launch{Bin: script, Home: home, GatewayKey: "hgw_acme_k", Dir: home, Env: []string{"EXTRA=1"}}.Run(t.Context(), nil)
+	if err != nil || code != 0 || res.SessionID != "20261203_141812_7c2bfe" {
+		t.Fatalf("%+v %d %v", res, code, err)
+	}
+	env := string(res.Stdout)
+	for _, want := range []string{"HOME=" + home, "HERMES_HOME=" + home, KeyEnv + "=hgw_acme_k", "EXTRA=1"} {
+		if !strings.Contains(env, want+"\n") {
+			t.Errorf("the agent's environment lacks %s:\n%s", want, env)
+		}
+	}
+	if strings.Contains(env, "HOST_ONLY_SECRET") || strings.Contains(env, "OPENAI_BASE_URL") {
+		t.Fatalf("the agent got more than it needs:\n%s", env)
+	}
+
+	// A stop kills what the agent started too.
+	marker := filepath.Join(t.TempDir(), "child.pid")
+	long := filepath.Join(t.TempDir(), "long")
+	if err := os.WriteFile(long, []byte("#!/bin/sh\nsleep 300 &\necho $! > "+marker+"\nwait\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int, 1)
+	go func() { _, code, _ := (Launch{Bin: long, Home: home, Dir: home}).Run(ctx, nil); done <- code }()
+	var pid int
+	for deadline := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never started its child")
+		}
+		b, _ := os.ReadFile(marker)
+		_, _ = fmt.Sscan(string(b), &pid)
+	}
+	cancel()
+	if code := <-done; code != -1 {
+		t.Fatalf("a stopped agent's code %d", code)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		// The group was killed; give the kernel the reap of a zombie at most.
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !strings.Contains(string(b), ") Z ") {
+			t.Fatalf("the agent's child %d outlived the stop", pid)
+		}
 	}
 }

@@ -9,10 +9,8 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"hermeshost/atomicfile"
@@ -403,10 +401,7 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 // home may have changed in between. It returns the job's outcome when the job cannot go on:
 // a config.yaml that does not parse fails it with the file and line, untouched.
 func (r *runner) beforeAgentStart(ctx context.Context) (Outcome, bool) {
-	_, err := r.home.EnsureAgentSetup(orghome.AgentSetup{
-		Provider: hermescli.Provider, BaseURL: r.cfg.GatewayURL + "/v1", Model: r.cfg.Model,
-		KeyEnv: hermescli.KeyEnv, BundledSkills: r.cfg.BundledSkills, Plugin: r.cfg.Plugin,
-	})
+	_, err := r.home.EnsureAgentSetup(hermescli.Setup(r.cfg.GatewayURL, r.cfg.Model, r.cfg.BundledSkills, r.cfg.Plugin))
 	var cfgErr *orghome.ConfigError
 	switch {
 	case errors.As(err, &cfgErr):
@@ -440,44 +435,18 @@ func (r *runner) beforeAgentStart(ctx context.Context) (Outcome, bool) {
 	return Outcome{}, false
 }
 
-// exec runs the agent in its own process group with only what Hermes needs in its
-// environment: its home, the org's gateway key under the name config.yaml gives it, the
-// sockets of the token proxy and the hooks, and sartiq on PATH. No job token, no bot
-// credential, nothing of another org; and no endpoint, which the real CLI would ignore.
+// exec runs the agent as every agent start does (hermescli.Launch), with what a job adds:
+// the sockets of the token proxy and the hooks, and sartiq on PATH. No job token, no bot
+// credential, nothing of another org.
 func (r *runner) exec(ctx context.Context, args []string, socket, hooks string) (hermescli.Result, int, error) {
-	cmd := exec.Command(r.cfg.HermesBin, args...)
-	cmd.Dir = r.ws
-	cmd.Env = []string{
-		"PATH=" + filepath.Dir(r.cfg.SartiqBin) + string(os.PathListSeparator) + os.Getenv("PATH"),
-		"HOME=" + r.cfg.Home,
-		"HERMES_HOME=" + r.cfg.Home,
-		hermescli.KeyEnv + "=" + r.cfg.GatewayKey.Reveal(),
-		"SARTIQ_PROXY_SOCKET=" + socket,
-	}
+	env := []string{"SARTIQ_PROXY_SOCKET=" + socket}
 	if hooks != "" {
-		cmd.Env = append(cmd.Env, hermescli.HooksSocketEnv+"="+hooks)
+		env = append(env, hermescli.HooksSocketEnv+"="+hooks)
 	}
-	// Its own group, so a stop kills everything it started; and killed with the worker, so
-	// no agent outlives the home lock its worker held.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var out hermescli.Output
-	cmd.Stdout = out.Stdout()
-	cmd.Stderr = out.Stderr(os.Stderr)
-	// A process the agent left behind holding its pipes does not hold the worker up.
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return hermescli.Result{}, 0, fmt.Errorf("start the agent %s: %w", r.cfg.HermesBin, err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	select {
-	case err := <-waited:
-		return out.Result(), exitCode(err), nil
-	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-waited
-		return out.Result(), -1, nil
-	}
+	return hermescli.Launch{
+		Bin: r.cfg.HermesBin, Args: args, Home: r.cfg.Home, GatewayKey: r.cfg.GatewayKey.Reveal(),
+		Dir: r.ws, PathFirst: filepath.Dir(r.cfg.SartiqBin), Env: env, Stderr: os.Stderr,
+	}.Run(ctx, nil)
 }
 
 // linkSartiq makes <workspace>/.bin/sartiq name this executable, which runs the sartiq CLI
@@ -499,17 +468,6 @@ func linkSartiq(ws string) (string, error) {
 		return "", fmt.Errorf("link the sartiq command: %w", err)
 	}
 	return link, nil
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
 }
 
 // finish reports the outcome unless REPORT_ENABLED is false, then prunes old workspaces.

@@ -140,8 +140,8 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 	runner, err := chat.NewRunner(chat.Config{
 		Org: s.org, Home: home, Control: client, HermesBin: s.hermesBin, MaxTurns: s.maxTurns,
 		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
-		BundledSkills: s.bundled, Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()},
-		Log: ops.Log,
+		BundledSkills: s.bundled, Bundled: bundled, SkillsMax: s.skillsMax,
+		Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}, Log: ops.Log,
 	})
 	if err != nil {
 		home.Close()
