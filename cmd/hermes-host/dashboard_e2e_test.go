@@ -230,19 +230,25 @@ func openDashboard(t *testing.T, e *httpexpect.Expect, org string, within time.D
 	}
 }
 
-// dashboardPIDs are the running `hermes-host dashboard --org org` processes, in a process or
-// a container alike (a container's processes are the host's too).
-func dashboardPIDs(org string) []int {
+// dashboardPIDs are the running `hermes-host dashboard --org org` processes whose home is
+// home (as they see it), in a process or a container alike (a container's processes are the
+// host's too). The home tells this test's dashboards from other packages' tests', which run
+// beside it.
+func dashboardPIDs(org, home string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	want := []byte("dashboard\x00--org\x00" + org + "\x00")
+	mine := []byte("HERMES_HOME=" + home + "\x00")
 	for _, e := range entries {
 		var pid int
 		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, want) {
+		if err != nil || !bytes.Contains(cmdline, want) {
+			continue
+		}
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, mine) {
 			pids = append(pids, pid)
 		}
 	}
@@ -251,7 +257,7 @@ func dashboardPIDs(org string) []int {
 
 func TestDevOpensDashboardsThroughTheLauncher(t *testing.T) {
 	t.Run("process", func(t *testing.T) {
-		testDashboardsThroughTheLauncher(t, "HERMES_RUNTIME=process", "DOCKER_HOST=unix:///nonexistent/docker.sock")
+		testDashboardsThroughTheLauncher(t, "", "HERMES_RUNTIME=process", "DOCKER_HOST=unix:///nonexistent/docker.sock")
 	})
 	t.Run("docker", func(t *testing.T) {
 		if err := exec.Command("docker", "info").Run(); err != nil {
@@ -273,12 +279,19 @@ func TestDevOpensDashboardsThroughTheLauncher(t *testing.T) {
 		t.Cleanup(func() {
 			_ = exec.Command("docker", "rmi", "-f", "hermes-host-worker:"+tag, "hermes-host-dashboard:"+tag).Run()
 		})
-		testDashboardsThroughTheLauncher(t, append(images, "HERMES_RUNTIME=docker")...)
+		// Inside its container a dashboard's home is the runtime's mount point.
+		testDashboardsThroughTheLauncher(t, "/home/hermes", append(images, "HERMES_RUNTIME=docker")...)
 	})
 }
 
-func testDashboardsThroughTheLauncher(t *testing.T, env ...string) {
+// testDashboardsThroughTheLauncher runs the test on dev with env added; containerHome is
+// where a dashboard sees its home ("": its own folder, on the process runtime).
+func testDashboardsThroughTheLauncher(t *testing.T, containerHome string, env ...string) {
 	orgs := t.TempDir()
+	acmeHome := containerHome
+	if acmeHome == "" {
+		acmeHome = filepath.Join(orgs, "acme")
+	}
 	transcript := fixtureHome(t, filepath.Join(orgs, "acme"))
 	dev := startDev(t, orgs, env...)
 	e := dev.operatorBrowser(t)
@@ -407,19 +420,19 @@ func testDashboardsThroughTheLauncher(t *testing.T, env ...string) {
 	}
 
 	// A dashboard that died is started again on the next request.
-	pids := dashboardPIDs("acme")
+	pids := dashboardPIDs("acme", acmeHome)
 	if len(pids) == 0 {
 		t.Fatal("no hermes-host dashboard process for acme")
 	}
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	waitUntil(t, 30*time.Second, func() bool { return len(dashboardPIDs("acme")) == 0 })
+	waitUntil(t, 30*time.Second, func() bool { return len(dashboardPIDs("acme", acmeHome)) == 0 })
 	again := openDashboard(t, e, "acme", 90*time.Second)
 	if byTestID(parse(t, again), "identity-version").Length() == 0 {
 		t.Fatalf("the restarted dashboard's overview:\n%s", again)
 	}
-	if after := dashboardPIDs("acme"); len(after) == 0 || after[0] == pids[0] {
+	if after := dashboardPIDs("acme", acmeHome); len(after) == 0 || after[0] == pids[0] {
 		t.Fatalf("the dashboard was not started anew: %v then %v", pids, after)
 	}
 }
