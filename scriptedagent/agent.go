@@ -71,8 +71,13 @@ type Knobs struct {
 	// SummaryJSON makes the summary at the turn limit hold a JSON object (the categories so
 	// far), as a real model's summary may: the host must go by the turn-limit line.
 	SummaryJSON bool `json:"summary_json,omitempty"`
-	// Subagent has the agent delegate one child before its work.
-	Subagent *SubagentKnob `json:"subagent,omitempty"`
+	// Subagent has the agent delegate one child before its work; Subagents more, one after
+	// another (an empty ID is made as Hermes makes them, sa-<n>-<hex>).
+	Subagent  *SubagentKnob  `json:"subagent,omitempty"`
+	Subagents []SubagentKnob `json:"subagents,omitempty"`
+	// StepMS makes each write wait that long first, and each of a child's steps take it:
+	// a run slow enough to watch (make run's demo homes ask for it).
+	StepMS int `json:"step_ms,omitempty"`
 	// ChatStepMS slows each step of a chat turn (see chat.go) by that many milliseconds.
 	ChatStepMS int `json:"chat_step_ms,omitempty"`
 }
@@ -217,8 +222,15 @@ func (r *run) main() (int, error) {
 		return r.chat()
 	}
 
+	children := r.knobs.Subagents
 	if r.knobs.Subagent != nil {
-		if err := r.child(*r.knobs.Subagent); err != nil {
+		children = append([]SubagentKnob{*r.knobs.Subagent}, children...)
+	}
+	for i, k := range children {
+		if k.ID == "" {
+			k.ID = fmt.Sprintf("sa-%d-%s", i, newHex(4))
+		}
+		if err := r.child(k); err != nil {
 			return ExitFailed, err
 		}
 	}
@@ -329,6 +341,13 @@ func (r *run) beforeWrite() (bool, error) {
 		<-r.ctx.Done()
 		return false, r.ctx.Err()
 	}
+	if r.knobs.StepMS > 0 {
+		select {
+		case <-time.After(time.Duration(r.knobs.StepMS) * time.Millisecond):
+		case <-r.ctx.Done():
+			return false, r.ctx.Err()
+		}
+	}
 	return false, nil
 }
 
@@ -418,9 +437,13 @@ func (r *run) products(m Manifest) (map[string]any, bool, error) {
 
 // newID is a session id in the real CLI's shape: 20261203_141812_7c2bfe.
 func newID() string {
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return time.Now().UTC().Format("20060102_150405") + "_" + hex.EncodeToString(b[:])
+	return time.Now().UTC().Format("20060102_150405") + "_" + newHex(3)
+}
+
+func newHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func now() float64 { return float64(time.Now().UnixMicro()) / 1e6 }

@@ -23,7 +23,7 @@ const HooksSocketEnv = "HERMES_HOST_HOOKS_SOCKET"
 // until an operator's message reaches it in a tool result (it quotes it in its summary), a
 // cancel blocks its next tool call, or WaitMS passes; WaitMS 0 is one step.
 type SubagentKnob struct {
-	ID     string `json:"id"`
+	ID     string `json:"id,omitempty"`
 	Goal   string `json:"goal"`
 	Role   string `json:"role,omitempty"`
 	WaitMS int    `json:"wait_ms,omitempty"`
@@ -234,8 +234,12 @@ func (r *run) child(k SubagentKnob) error {
 				break
 			}
 		}
+		step := stepTime
+		if r.knobs.StepMS > 0 {
+			step = time.Duration(r.knobs.StepMS) * time.Millisecond
+		}
 		select {
-		case <-time.After(stepTime):
+		case <-time.After(step):
 		case <-r.ctx.Done():
 			return r.ctx.Err()
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/scriptedagent"
+	"hermeshost/subagent"
 )
 
 // The tests of this file hold the worker to the real Hermes CLI's contract (HERMES.md): the
@@ -290,5 +292,38 @@ func TestTurnLimitEveryRunFailsAfterMaxResumes(t *testing.T) {
 	}
 	if got := w.guidelines(ctx, job); len(got) != 3 {
 		t.Fatalf("proposals: %v", got)
+	}
+}
+
+// make run's demo pace: children one after another, each with an id made as Hermes makes
+// them, and every write and child step slowed (here a little) so a run can be watched.
+func TestChildrenOneAfterAnotherWithHermesIDs(t *testing.T) {
+	w := newWorld(t, "process")
+	ctl := startControl(t)
+	ctx := context.Background()
+	w.knobs("acme", scriptedagent.Knobs{StepMS: 20, Subagents: []scriptedagent.SubagentKnob{
+		{Goal: "collect the sources", Role: "researcher"}, {Goal: "review the draft", Role: "reviewer"},
+	}})
+	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+	claim, err := w.bot.Claim(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.execLive(ctx, "acme", claim, nil, live{env: ctl.env(t, "acme")})
+	if r.outcome.Status != "completed" {
+		t.Fatalf("outcome %+v\n%s", r.outcome, r.stderr)
+	}
+	hs, err := ctl.subs.List(ctx, "acme", subagent.ListParams{JobID: job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 2 {
+		t.Fatalf("%d children recorded, want 2: %+v", len(hs), hs)
+	}
+	idPattern := regexp.MustCompile(`^sa-[01]-[0-9a-f]{8}$`)
+	for _, h := range hs {
+		if !idPattern.MatchString(h.ID) || h.Status != subagent.Done {
+			t.Fatalf("child %+v", h)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"hermeshost/atomicfile"
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/migrations"
 	"hermeshost/operator"
 	"hermeshost/pg"
 	"hermeshost/sartiq/backend"
+	"hermeshost/scriptedagent"
 	"hermeshost/service"
 )
 
@@ -139,12 +142,48 @@ func devCommand() *cli.Command {
 				if _, set := os.LookupEnv(config.HermesBin.Name); !set {
 					// Offline, the scripted agent built beside hermes-host plays Hermes.
 					ds.workerEnv = append(ds.workerEnv, config.HermesBin.Name+"=scripted-agent")
+					if err := demoKnobs(ds.orgsRoot); err != nil {
+						return err
+					}
 				}
 				g.Go(func() error { return runDispatcher(gctx, log, ds) })
 				return g.Wait()
 			}
 		},
 	}
+}
+
+// demoPace is how the scripted agent plays the demo orgs' jobs unless their homes say
+// otherwise: slowly enough to watch a progress bar move, with subagents an operator can
+// message or cancel from the dashboard while they work.
+var demoPace = scriptedagent.Knobs{
+	StepMS: 2500,
+	Subagents: []scriptedagent.SubagentKnob{
+		{Goal: "Collect what the sources say about the brand's voice", Role: "researcher", WaitMS: 30_000},
+		{Goal: "Review the draft guidelines for contradictions", Role: "reviewer", WaitMS: 20_000},
+	},
+}
+
+// demoKnobs writes demoPace into each demo org's home, keeping a knobs file already there.
+func demoKnobs(orgsRoot string) error {
+	b, err := json.MarshalIndent(demoPace, "", "  ")
+	if err != nil {
+		return err
+	}
+	for _, org := range backend.DemoOrganizations {
+		home := filepath.Join(orgsRoot, org)
+		if err := os.MkdirAll(home, 0o700); err != nil {
+			return fmt.Errorf("demo home %s: %w", org, err)
+		}
+		p := filepath.Join(home, scriptedagent.KnobsFile)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		if err := atomicfile.Write(p, append(b, '\n'), 0o600); err != nil {
+			return fmt.Errorf("demo home %s: %w", org, err)
+		}
+	}
+	return nil
 }
 
 // demoOperatorName is the operator `dev` logs in as.
