@@ -327,8 +327,8 @@ func (d *Dispatcher) launchDashboard(ctx context.Context, org string, log *slog.
 	}
 }
 
-// ensureSoul makes org's home and its SOUL.md, as a delivery does before a worker starts:
-// the runtime mounts it read-only.
+// ensureSoul makes org's home and its SOUL.md before a worker or a dashboard starts: the
+// runtime mounts SOUL.md read-only.
 func (d *Dispatcher) ensureSoul(org string) error {
 	if err := orghome.ValidID(org); err != nil {
 		return err

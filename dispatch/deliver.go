@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -20,7 +18,6 @@ import (
 	"hermeshost/gateway"
 	"hermeshost/lease"
 	"hermeshost/mirror"
-	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/worker"
 )
@@ -150,22 +147,9 @@ func mirrorStatus(outcome string) string {
 // prepare does what must hold before the worker runs: the org's home and SOUL.md, its
 // worker running, its exec environment, and the home lease still this delivery's.
 func (d *Dispatcher) prepare(ctx context.Context, c *sartiq.Claim, kept *lease.Kept) (env []string, assignment []byte, err error) {
-	dir := filepath.Join(d.cfg.OrgsRoot, c.OrganizationID)
 	// An org's first job makes its home; the id was validated by the backend and is checked
-	// again by OpenHome.
-	if err := orghome.ValidID(c.OrganizationID); err != nil {
-		return nil, nil, err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("make the home of %s: %w", c.OrganizationID, err)
-	}
-	home, err := orghome.OpenHome(c.OrganizationID, dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	_, err = home.EnsureSoul(orghome.Identity{OrgID: c.OrganizationID, DisplayName: c.OrganizationID})
-	home.Close()
-	if err != nil {
+	// again here.
+	if err := d.ensureSoul(c.OrganizationID); err != nil {
 		return nil, nil, err
 	}
 	if _, err := d.cfg.Runtime.EnsureWorker(ctx, c.OrganizationID); err != nil {
