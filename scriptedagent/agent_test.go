@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,8 +93,9 @@ func TestConfigYAMLProviderIsProbedThenStreamed(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, errb.String())
 	}
 	got := log.requests()
-	if len(got) < 2 || got[0] != "GET /v1/models auth=" || got[1] != "GET /v1/models auth=Bearer the-org-key" {
-		t.Fatalf("start-up probes %v", got)
+	want := []string{"GET /v1/models auth=", "GET /api/v1/models auth=", "POST /api/show auth=", "GET /v1/models/demo-worker auth="}
+	if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+		t.Fatalf("start-up probes %v, want %v first", got, want)
 	}
 	if !strings.Contains(errb.String(), "session_id: ") {
 		t.Fatalf("no session_id line on stderr:\n%s", errb.String())

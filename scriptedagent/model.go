@@ -7,23 +7,32 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
 
 var client = &http.Client{Timeout: 2 * time.Minute}
 
-// probe asks what the real CLI asks an endpoint at start-up; any answer will do (404s are
-// fine for the real one too), but an endpoint that cannot be reached at all fails the run.
+// probe asks what the real CLI asks an endpoint at start-up (HERMES.md): GET /v1/models
+// without auth, GET /api/v1/models, POST /api/show and GET /v1/models/<id>. Any answer will
+// do (404s are fine for the real one too); an endpoint that cannot be reached fails the run.
 func (r *run) probe() error {
-	for i, path := range []string{"/models", "/models"} {
-		req, err := http.NewRequestWithContext(r.ctx, http.MethodGet, r.ep.baseURL+path, nil)
+	root := strings.TrimSuffix(r.ep.baseURL, "/v1")
+	for _, p := range []struct{ method, url string }{
+		{http.MethodGet, r.ep.baseURL + "/models"},
+		{http.MethodGet, root + "/api/v1/models"},
+		{http.MethodPost, root + "/api/show"},
+		{http.MethodGet, r.ep.baseURL + "/models/" + url.PathEscape(r.ep.model)},
+	} {
+		var body io.Reader
+		if p.method == http.MethodPost {
+			b, _ := json.Marshal(map[string]string{"name": r.ep.model})
+			body = bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(r.ctx, p.method, p.url, body)
 		if err != nil {
 			return fmt.Errorf("model endpoint %s: %w", r.ep.baseURL, err)
-		}
-		// First without auth, as the real CLI does, then with the key.
-		if i == 1 && r.ep.key != "" {
-			req.Header.Set("Authorization", "Bearer "+r.ep.key)
 		}
 		resp, err := client.Do(req)
 		if err != nil {

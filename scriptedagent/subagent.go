@@ -200,7 +200,7 @@ func (p *plugin) subagentStop(ctx context.Context, childSession, hermesStatus, s
 // parent is this one, running in this process, its steps passing the plugin's hooks.
 func (r *run) child(k SubagentKnob) error {
 	p := r.loadPlugin()
-	childSession := newID() + "_child"
+	childSession := newID() // a session id like any other: the parent link says it is a child
 	callID := "call_" + newID()
 	args, _ := json.Marshal(map[string]string{"goal": k.Goal, "role": k.Role})
 	if err := r.message("assistant", "", []hermesstate.ToolCall{{ID: callID, Name: "delegate_task", Arguments: string(args)}}, "", ""); err != nil {
