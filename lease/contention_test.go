@@ -22,7 +22,7 @@ const (
 	childEnv       = "LEASE_CONTENTION_CHILD"
 	childURLEnv    = "LEASE_CONTENTION_URL"
 	childGoroutine = "LEASE_CONTENTION_GOROUTINES"
-	childDuration  = "LEASE_CONTENTION_DURATION"
+	childTurns     = "LEASE_CONTENTION_TURNS"
 	contendedKeys  = 3
 	contentionTTL  = 150 * time.Millisecond
 )
@@ -32,7 +32,7 @@ func childMode() bool { return os.Getenv(childEnv) != "" }
 func runContentionChild() {
 	ctx := context.Background()
 	n, _ := strconv.Atoi(os.Getenv(childGoroutine))
-	d, _ := time.ParseDuration(os.Getenv(childDuration))
+	turns, _ := strconv.Atoi(os.Getenv(childTurns))
 	pool, _, err := pg.Open(ctx, os.Getenv(childURLEnv), "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -41,7 +41,9 @@ func runContentionChild() {
 	defer pool.Close()
 	s := New(pool, Options{Poll: 50 * time.Millisecond})
 	defer s.Close()
-	deadline := time.Now().Add(d)
+	// The work is counted, not timed: a loaded CI machine takes longer, never does less.
+	// The deadline only keeps a wedged store from hanging the test.
+	deadline := time.Now().Add(2 * time.Minute)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failure error
@@ -50,13 +52,25 @@ func runContentionChild() {
 		go func() {
 			defer wg.Done()
 			holder := fmt.Sprintf("%s/p%d/g%d", os.Getenv(childEnv), os.Getpid(), g)
-			for time.Now().Before(deadline) {
+			for done := 0; done < turns; {
+				if time.Now().After(deadline) {
+					mu.Lock()
+					failure = errors.Join(failure, fmt.Errorf("%s: %d of %d turns before the deadline", holder, done, turns))
+					mu.Unlock()
+					return
+				}
 				key := fmt.Sprintf("session:k%d", rand.IntN(contendedKeys))
-				if err := contendOnce(ctx, s, key, holder); err != nil {
+				// About one turn in eight stalls past its TTL, so takeovers of live-but-paused
+				// holders happen in every run, not by chance.
+				took, err := contendOnce(ctx, s, key, holder, (g+done)%8 == 0)
+				if err != nil {
 					mu.Lock()
 					failure = errors.Join(failure, err)
 					mu.Unlock()
 					return
+				}
+				if took {
+					done++
 				}
 			}
 		}()
@@ -68,40 +82,39 @@ func runContentionChild() {
 	}
 }
 
-// contendOnce takes key, writes a start and an end audit row under it, and releases it.
-// One turn in twenty stalls past its TTL, so takeovers of live-but-paused holders happen.
-func contendOnce(ctx context.Context, s *Store, key, holder string) error {
+// contendOnce takes key, writes a start and an end audit row under it, and releases it;
+// took says whether the lease was had at all. A stalling turn sleeps past its TTL.
+func contendOnce(ctx context.Context, s *Store, key, holder string, stall bool) (took bool, err error) {
 	actx, cancel := context.WithTimeout(ctx, time.Second)
 	l, err := s.Acquire(actx, key, holder, contentionTTL)
 	cancel()
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := fencedAudit(ctx, s, l, "start"); err != nil && !errors.Is(err, ErrLost) {
-		return err
+		return true, err
 	}
-	if rand.IntN(20) == 0 {
+	if stall {
 		time.Sleep(contentionTTL + 20*time.Millisecond)
 	} else {
 		time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
 	}
 	if err := fencedAudit(ctx, s, l, "end"); err != nil && !errors.Is(err, ErrLost) {
-		return err
+		return true, err
 	}
 	if err := s.Release(ctx, l); err != nil && !errors.Is(err, ErrLost) {
-		return err
+		return true, err
 	}
-	return nil
+	return true, nil
 }
 
 func TestContentionAcrossProcessesNeverOverlaps(t *testing.T) {
 	f := newFixture(t, Options{})
 	createAudit(t, f.pool)
-	const procs, perProc = 3, 11 // 33 goroutines in 3 OS processes
-	duration := 4 * time.Second
+	const procs, perProc, turnsEach = 3, 11, 5 // 33 goroutines in 3 OS processes, 165 turns
 	var wg sync.WaitGroup
 	errs := make([]error, procs)
 	outs := make([][]byte, procs)
@@ -112,7 +125,7 @@ func TestContentionAcrossProcessesNeverOverlaps(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(),
 				childEnv+"="+strconv.Itoa(p), childURLEnv+"="+f.url,
-				childGoroutine+"="+strconv.Itoa(perProc), childDuration+"="+duration.String())
+				childGoroutine+"="+strconv.Itoa(perProc), childTurns+"="+strconv.Itoa(turnsEach))
 			outs[p], errs[p] = cmd.CombinedOutput()
 		}()
 	}
@@ -175,7 +188,9 @@ func TestContentionAcrossProcessesNeverOverlaps(t *testing.T) {
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'takeover') FROM lease_events`).Scan(&takeovers); err != nil {
 		t.Fatal(err)
 	}
-	if turns < 100 || len(byKey) != contendedKeys {
+	// A turn whose lease was taken before its first write leaves no row, so a few may be
+	// missing; most turns write.
+	if turns < procs*perProc*turnsEach*3/4 || len(byKey) != contendedKeys {
 		t.Fatalf("too little contention to mean anything: %d turns on %d keys", turns, len(byKey))
 	}
 	t.Logf("%d fenced writes in %d turns on %d keys, %d takeovers of paused holders", writes, turns, len(byKey), takeovers)
