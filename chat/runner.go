@@ -15,10 +15,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 
 	"hermeshost/control"
 	"hermeshost/hermescli"
@@ -93,7 +96,11 @@ type Turn struct {
 	Reason    string // why it failed or was stopped
 	StartedAt time.Time
 	RunningAt time.Time // when it took its leases and started the agent
+	AgentAt   time.Time // when the agent's process started
 	EndedAt   time.Time
+	// Rev counts the turn's changes: its state, and while it runs each write the agent
+	// makes to state.db. A page that showed Rev n waits for n+1 (WaitChange).
+	Rev uint64
 }
 
 // Active says whether the turn is still queued or running.
@@ -183,7 +190,7 @@ func (r *Runner) Start(operator, session, message string) (Turn, error) {
 	ctx, cancel := context.WithCancelCause(r.ctx)
 	t := &turn{Turn: Turn{
 		ID: newID(), Operator: operator, Message: message, SessionID: session, Resume: session != "",
-		State: StateQueued, StartedAt: time.Now(),
+		State: StateQueued, StartedAt: time.Now(), Rev: 1,
 	}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	r.turns[t.ID] = t
 	r.queue = append(r.queue, t)
@@ -305,6 +312,7 @@ func (r *Runner) endLocked(t *turn, state, reason string) {
 		return
 	}
 	t.State, t.Reason, t.EndedAt = state, reason, time.Now()
+	t.Rev++
 	for i, q := range r.queue {
 		if q == t {
 			r.queue = append(r.queue[:i], r.queue[i+1:]...)
@@ -323,8 +331,15 @@ func (r *Runner) endLocked(t *turn, state, reason string) {
 func (r *Runner) update(t *turn, f func(*Turn)) {
 	r.mu.Lock()
 	f(&t.Turn)
+	t.Rev++
 	r.changedLocked()
 	r.mu.Unlock()
+}
+
+// WaitChange returns the turn once its Rev is past rev (or it has ended: an ended turn
+// changes no more), or ctx's error; false when there is no such turn.
+func (r *Runner) WaitChange(ctx context.Context, id string, rev uint64) (Turn, bool, error) {
+	return r.Wait(ctx, id, func(t Turn) bool { return t.Rev > rev || !t.Active() })
 }
 
 // loop runs the queue's head, one turn at a time, until Close.
@@ -404,7 +419,11 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 	// Truncated to the second: slack for clocks that round, never missing the new session.
 	r.update(t, func(s *Turn) { s.HeldBy, s.Waiting, s.RunningAt = "", "", time.Now().Truncate(time.Second) })
 
+	watchCtx, unwatch := context.WithCancel(runCtx)
+	watched := r.watchState(watchCtx, t)
 	res, code, err := r.exec(runCtx, t)
+	unwatch()
+	<-watched
 	if runCtx.Err() != nil {
 		if errors.Is(context.Cause(runCtx), errLeaseLost) {
 			return StateFailed, context.Cause(runCtx).Error(), "", res.SessionID
@@ -522,8 +541,62 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 	res, code, err := hermescli.Launch{
 		Bin: r.cfg.HermesBin, Args: hermescli.Args(t.Message, r.cfg.MaxTurns, resume), Home: r.cfg.Home.Dir,
 		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Stderr: io.MultiWriter(os.Stderr, &tail),
-	}.Run(ctx, func() { r.update(t, func(s *Turn) { s.State = StateRunning }) })
+	}.Run(ctx, func() { r.update(t, func(s *Turn) { s.State, s.AgentAt = StateRunning, time.Now() }) })
 	return result{res, tail.String()}, code, err
+}
+
+// watchState moves the turn's Rev on whenever the agent writes to the home's state.db
+// (its -wal, where a WAL-mode write lands, or the file itself), so the turn's pages show
+// each row as it is written. One watch per running turn, however many tabs show it;
+// should the kernel refuse a watch, the turn moves on every second instead (logged).
+func (r *Runner) watchState(ctx context.Context, t *turn) <-chan struct{} {
+	done := make(chan struct{})
+	w, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = w.Add(r.cfg.Home.Dir); err != nil {
+			w.Close()
+		}
+	}
+	if err != nil {
+		r.cfg.Log.Warn("chat: cannot watch state.db; the turn's page refreshes every second", "org", r.cfg.Org, "err", err)
+		go func() {
+			defer close(done)
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					r.update(t, func(*Turn) {})
+				}
+			}
+		}()
+		return done
+	}
+	go func() {
+		defer close(done)
+		defer w.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if name := filepath.Base(ev.Name); (name == orghome.StateFile || name == orghome.StateFile+"-wal") && ev.Has(fsnotify.Write) {
+					r.update(t, func(*Turn) {})
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				r.cfg.Log.Warn("chat: watching state.db", "org", r.cfg.Org, "err", err)
+			}
+		}
+	}()
+	return done
 }
 
 // result is what a run said: hermescli's reading, and the end of its stderr, which says

@@ -100,23 +100,34 @@ func (h *Chat) turnPath(id, rest string) string {
 	return string(h.Paths().Page("/chat/turns/" + url.PathEscape(id) + rest))
 }
 
-// ChatTurn is GET <prefix>/chat/turns/{turn}: the turn's page, or with htmx (HX-Request)
-// only its fragment. A reload finds the turn still in the Runner, running or not.
+// ChatTurn is GET <prefix>/chat/turns/{turn}: the turn's page. A reload finds the turn
+// still in the Runner, running or not, and its stream (ChatTurnEvents) picks up from there.
 func (h *Chat) ChatTurn(w http.ResponseWriter, r *http.Request) {
-	if !h.ready(w, r) {
+	t, ok := h.Turn(w, r)
+	if !ok {
 		return
+	}
+	h.Render(w, r, http.StatusOK, templates.DashboardChatTurn(templates.ChatTurnView{Frame: h.frame(r.Context(), templates.NavChat), Turn: h.turnState(r, t)}))
+}
+
+// Turn is the turn the request's {turn} names; when there is none (or chat is off) the
+// error page has been written and ok is false.
+func (h *Chat) Turn(w http.ResponseWriter, r *http.Request) (chat.Turn, bool) {
+	if !h.ready(w, r) {
+		return chat.Turn{}, false
 	}
 	t, ok := h.Runner.Get(chi.URLParam(r, "turn"))
 	if !ok {
 		h.NotFound(w, r, "No such chat turn here: turns are kept while this dashboard runs; the chat page starts one.")
-		return
 	}
-	state := h.turnState(r, t)
-	if IsHTMX(r) {
-		h.Render(w, r, http.StatusOK, templates.ChatTurnFragment(state))
-		return
-	}
-	h.Render(w, r, http.StatusOK, templates.DashboardChatTurn(templates.ChatTurnView{Frame: h.frame(r.Context(), templates.NavChat), Turn: state}))
+	return t, ok
+}
+
+// TurnFragment is turn t's fragment as its stream carries it.
+func (h *Chat) TurnFragment(r *http.Request, t chat.Turn) (string, error) {
+	var b strings.Builder
+	err := templates.ChatTurnFragment(h.turnState(r, t)).Render(r.Context(), &b)
+	return b.String(), err
 }
 
 // ChatStop is POST <prefix>/chat/turns/{turn}/stop: ends the turn on the server (the agent
@@ -137,7 +148,7 @@ func (h *Chat) turnState(r *http.Request, t chat.Turn) templates.ChatTurnState {
 	s := templates.ChatTurnState{
 		ID: t.ID, State: t.State, Active: t.Active(), Message: t.Message, Position: t.Position,
 		Waiting: t.Waiting, HeldBy: t.HeldBy, Answer: t.Answer, Reason: t.Reason,
-		Started: shownTime(t.StartedAt), Fragment: h.turnPath(t.ID, ""),
+		Started: shownTime(t.StartedAt), Events: h.turnPath(t.ID, "/events"), Rev: t.Rev,
 		Stop:    templ.SafeURL(h.turnPath(t.ID, "/stop")),
 		NewTurn: h.Paths().Page("/chat"),
 	}

@@ -34,8 +34,8 @@ var ErrSessionNotFound = errors.New("session not found")
 // dashboard shows this and the operator tries again.
 const StatusBusy = "busy, try again"
 
-// stateFile is Hermes' SQLite store in the home.
-const stateFile = "state.db"
+// StateFile is Hermes' session store in a home (WAL mode: beside it its -wal and -shm).
+const StateFile = "state.db"
 
 // readBusyTimeout bounds how long one read waits for Hermes. In WAL mode a reader is not
 // blocked by a writer at all; only a checkpoint or recovery can make it wait.
@@ -95,7 +95,7 @@ func visibleRows(cols map[string]bool) string {
 func (h *Home) OpenState() (*StateDB, error) { return h.openState(readBusyTimeout) }
 
 func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
-	abs, exists, err := h.regularFile(stateFile)
+	abs, exists, err := h.regularFile(StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("open sessions: %w", err)
 	}
@@ -105,7 +105,7 @@ func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
 	// SQLite opens its sidecars by path and maps -shm writable: a link planted in their
 	// place would make the host read, or scribble on, a file outside the home.
 	for _, side := range []string{"-wal", "-shm", "-journal"} {
-		if _, _, err := h.regularFile(stateFile + side); err != nil {
+		if _, _, err := h.regularFile(StateFile + side); err != nil {
 			return nil, fmt.Errorf("open sessions: %w", err)
 		}
 	}

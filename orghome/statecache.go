@@ -26,7 +26,7 @@ type sharedState struct {
 func (h *Home) State() (*StateDB, error) {
 	h.shared.mu.Lock()
 	defer h.shared.mu.Unlock()
-	fi, err := h.Lstat(stateFile)
+	fi, err := h.Lstat(StateFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		h.dropShared()
 		return nil, fmt.Errorf("org %s: %w", h.ID, ErrNoSessions)

@@ -416,6 +416,13 @@ type ChatTurnView struct {
 }
 
 // ChatTurnState is what the turn's fragment shows.
+// Events of a chat turn's stream: each change carries the turn's fragment; the last says
+// it ended (and the browser closes the stream rather than reconnect).
+const (
+	ChatTurnEvent    = "turn"
+	ChatTurnEndEvent = "end"
+)
+
 type ChatTurnState struct {
 	ID        string
 	State     string // queued, running, done, stopped, failed
@@ -435,9 +442,10 @@ type ChatTurnState struct {
 	Reason        string
 	Started       string
 	Ended         string
-	// Fragment is the fragment's own URL (htmx refresh), Stop the Stop form's action,
-	// Session the session's transcript.
-	Fragment string
+	// Events is the turn's stream (server-sent events carrying this fragment each time the
+	// turn changes, from Rev on), Stop the Stop form's action, Session the transcript.
+	Events   string
+	Rev      uint64
 	Stop     templ.SafeURL
 	Session  templ.SafeURL
 	NewTurn  templ.SafeURL

@@ -76,8 +76,9 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/leases       the org's home: and session: leases, their events (?confirm=<key>
 //	                      asks a reason); POST .../force-release (key, reason), audited
 //	<prefix>/chat         the chat's form; POST starts a turn (session, message)
-//	<prefix>/chat/turns/{turn} one turn: queued, running, its rows and answer; POST
-//	                      .../stop ends it on the server
+//	<prefix>/chat/turns/{turn} one turn: queued, running, its rows and answer; GET
+//	                      .../events streams it as it changes (SSE); POST .../stop ends it
+//	                      on the server
 func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 	if err := orghome.ValidID(cfg.Org); err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -153,6 +154,7 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.Get(p+"/chat", chatH.ChatPage)
 			r.Post(p+"/chat", chatH.ChatSend)
 			r.Get(p+"/chat/turns/{turn}", chatH.ChatTurn)
+			r.Get(p+"/chat/turns/{turn}/events", chatTurnEvents(chatH))
 			r.Post(p+"/chat/turns/{turn}/stop", chatH.ChatStop)
 		})
 	})

@@ -212,8 +212,8 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 	if got := texts(testid(p, "tool-call-name")); len(got) != 1 || got[0] != "session_search" {
 		t.Errorf("tool calls %v", got)
 	}
-	if testid(p, "tool-result").Length() != 1 || testid(p, "chat-stop").Length() != 0 || testid(p, "chat-turn").AttrOr("hx-trigger", "") != "" {
-		t.Error("a done turn shows no tool result, or still a Stop button or a refresh")
+	if testid(p, "tool-result").Length() != 1 || testid(p, "chat-stop").Length() != 0 || testid(p, "chat-live").Length() != 0 {
+		t.Error("a done turn shows no tool result, or still a Stop button or its stream")
 	}
 
 	// The session is offered for the next message, which resumes it.
@@ -305,9 +305,9 @@ func TestATurnWaitsForAJobsHomeAndASecondQueuedOneIsRefused(t *testing.T) {
 	if got := testid(p, "chat-job-progress").Text(); got != "2 persisted: tone, claims" || testid(p, "chat-job-status").Text() != "RUNNING" {
 		t.Errorf("the job in the way: %q %q", testid(p, "chat-job-status").Text(), got)
 	}
-	// SSE replaces this refresh later; until then the queued fragment reloads itself.
-	if got := testid(p, "chat-turn").AttrOr("hx-trigger", ""); got != "every 1s" {
-		t.Errorf("the waiting turn's fragment refreshes by %q", got)
+	// The waiting turn's page follows it on its stream.
+	if got := testid(p, "chat-live").AttrOr("sse-connect", ""); !strings.HasPrefix(got, "/orgs/acme/chat/turns/"+waiting+"/events?rev=") {
+		t.Errorf("the waiting turn's page connects to %q", got)
 	}
 
 	r := e.POST("/orgs/acme/chat").WithFormField("session", first.SessionID).WithFormField("message", "And another").

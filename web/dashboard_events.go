@@ -2,7 +2,6 @@ package web
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -291,20 +290,11 @@ func (f *liveFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	write := func(s string) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(f.writeTimeout))
-		if _, err := w.Write([]byte(s)); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	if !write(fmt.Sprintf("retry: %d\n\n", f.retry.Milliseconds())) {
+	stream, ok := openSSE(w, f.retry, f.writeTimeout)
+	if !ok {
 		return
 	}
+	write := stream.write
 	heartbeat := time.NewTicker(f.heartbeat)
 	defer heartbeat.Stop()
 	ready := f.join()

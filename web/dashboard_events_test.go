@@ -1,7 +1,6 @@
 package web
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"hermeshost/assertion"
 	"hermeshost/control"
+	"hermeshost/internal/testio"
 	"hermeshost/lease"
 	"hermeshost/mirror"
 	"hermeshost/orghome"
@@ -125,9 +125,7 @@ func (d *liveDash) event(job, kind string, data any) int64 {
 }
 
 // sseMessage is one message of the stream; a comment has only Comment.
-type sseMessage struct {
-	Event, Data, ID, Comment string
-}
+type sseMessage = testio.SSEMessage
 
 // stream is one open <prefix>/events, its messages read into a channel.
 type stream struct {
@@ -165,39 +163,16 @@ func (d *liveDash) open(lastID string, read bool) *stream {
 	live := make(chan struct{})
 	go func() {
 		defer close(s.msgs)
-		r := bufio.NewReader(resp.Body)
-		var m sseMessage
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			line = strings.TrimSuffix(line, "\n")
-			switch {
-			case line == "":
-				if m != (sseMessage{}) {
-					if m.Comment == "live" {
-						close(live)
-						if !read {
-							return // and nothing reads the connection any more
-						}
-					}
-					s.msgs <- m
+		testio.ReadSSE(resp.Body, func(m sseMessage) bool {
+			if m.Comment == "live" {
+				close(live)
+				if !read {
+					return false // and nothing reads the connection any more
 				}
-				m = sseMessage{}
-			case strings.HasPrefix(line, ":"):
-				m.Comment = strings.TrimSpace(line[1:])
-			case strings.HasPrefix(line, "event: "):
-				m.Event = line[len("event: "):]
-			case strings.HasPrefix(line, "data: "):
-				if m.Data != "" {
-					m.Data += "\n"
-				}
-				m.Data += line[len("data: "):]
-			case strings.HasPrefix(line, "id: "):
-				m.ID = line[len("id: "):]
 			}
-		}
+			s.msgs <- m
+			return true
+		})
 	}()
 	select {
 	case <-live:

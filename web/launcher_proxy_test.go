@@ -82,15 +82,19 @@ func newProxied(t *testing.T, secret string) *proxied {
 // newProxiedHome is newProxied in front of the dashboard of home.
 func newProxiedHome(t *testing.T, secret string, home *orgHome) *proxied {
 	t.Helper()
+	return proxyFor(t, secret, newDash(t, dashOptions{home: home}))
+}
+
+// proxyFor is the launcher in front of the dashboard d.
+func proxyFor(t *testing.T, secret string, d *dash) *proxied {
+	t.Helper()
 	var store *dashboards.Store
 	f := newLauncherFixture(t, func(c *web.LauncherConfig) {
 		store = dashboards.New(c.DB, dashboards.Options{})
 		t.Cleanup(store.Close)
 		c.Dashboards, c.DashboardSecret = store, service.Secret(secret)
 	})
-	srv := f.srv
-	d := newDash(t, dashOptions{home: home})
-	return &proxied{t: t, srv: srv, store: store, dash: d, tap: newTap(t, d.srv.URL)}
+	return &proxied{t: t, srv: f.srv, store: store, dash: d, tap: newTap(t, d.srv.URL)}
 }
 
 // running records acme's dashboard as the dispatcher would: started, answering at url.
