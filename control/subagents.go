@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"hermeshost/mirror"
 	"hermeshost/service"
 	"hermeshost/subagent"
 )
@@ -170,6 +172,9 @@ func (s *Server) subagentSend(w http.ResponseWriter, r *http.Request) {
 		s.subagentError(w, r, err)
 		return
 	}
+	if h, err := s.cfg.Subagents.Get(r.Context(), orgOf(r), subagentID(r)); err == nil {
+		s.noteOnJob(r.Context(), h, "subagent_message", map[string]any{"id": h.ID, "sender": req.Sender, "message": m.ID})
+	}
 	writeJSON(w, http.StatusCreated, m)
 }
 
@@ -184,7 +189,21 @@ func (s *Server) subagentCancel(w http.ResponseWriter, r *http.Request) {
 		s.subagentError(w, r, err)
 		return
 	}
+	s.noteOnJob(r.Context(), h, "subagent_cancel", map[string]any{"id": h.ID, "actor": req.Actor, "reason": req.Reason})
 	writeJSON(w, http.StatusOK, h)
+}
+
+// noteOnJob records an operator's action on a job's subagent as an event of the job, so
+// the job's history holds it and the dashboards watching the org show the row change. A
+// subagent of no job, or of a job the mirror does not hold, has no history to add to; a
+// failed note is logged, the action stands.
+func (s *Server) noteOnJob(ctx context.Context, h subagent.Handle, kind string, data map[string]any) {
+	if h.JobID == "" {
+		return
+	}
+	if _, err := s.mirror.Note(ctx, h.Org, h.JobID, kind, data); err != nil && !errors.Is(err, mirror.ErrNotFound) {
+		s.cfg.Log.Warn("control: note a subagent's change on its job", "org", h.Org, "job", h.JobID, "subagent", h.ID, "err", err)
+	}
 }
 
 // subagentMailbox is GET /v1/subagents/{id}/mailbox?wait_ms=N: the child's unacknowledged

@@ -171,6 +171,7 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 		if e.Kind == "claim" || e.Kind == "reclaim" {
 			out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveJobs, HTML: "claimed"})
 		}
+		out = append(out, h.liveSubagent(ctx, e)...)
 		if lastOf[e.JobID] != i {
 			continue
 		}
@@ -187,6 +188,38 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 			LiveFragment{ID: e.ID, Event: templates.LiveJobHead(e.JobID), HTML: renderString(ctx, templates.JobHead(v))})
 	}
 	return out
+}
+
+// Kinds of job events that change one of its subagents: its start and stop (the worker's,
+// from Hermes' hooks) and an operator's cancel or message (the control API's). Their data
+// names the subagent's id.
+var subagentKinds = map[string]bool{"subagent_start": true, "subagent_stop": true, "subagent_cancel": true, "subagent_message": true}
+
+// liveSubagent is what event e changes on the subagents page: the subagent's row as the
+// control API has it now, and for a start the page's reload (a row it has not listed).
+func (h *Dashboard) liveSubagent(ctx context.Context, e control.FeedEvent) []LiveFragment {
+	if !subagentKinds[e.Kind] {
+		return nil
+	}
+	var data struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(e.Data, &data) != nil || data.ID == "" {
+		return nil
+	}
+	var out []LiveFragment
+	if e.Kind == "subagent_start" {
+		out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveSubagents, HTML: "started"})
+	}
+	sctx, cancel := h.source(ctx)
+	d, err := h.Control.Subagent(sctx, data.ID)
+	cancel()
+	if err != nil {
+		h.Log.Warn("dashboard: live subagent from the control API", "org", h.Org, "subagent", data.ID, "err", err)
+		return out
+	}
+	return append(out, LiveFragment{ID: e.ID, Event: templates.LiveSubagentRow(data.ID),
+		HTML: renderString(ctx, templates.SubagentRowFragment(h.Paths(), subagentRow(d.Subagent)))})
 }
 
 func renderString(ctx context.Context, c templ.Component) string {

@@ -23,6 +23,10 @@ const cancelReason = "cancelled from the dashboard"
 // first, each running one with Cancel and Send message.
 func (h *Dashboard) Subagents(w http.ResponseWriter, r *http.Request) {
 	v := templates.SubagentsView{Frame: h.frame(r.Context(), templates.NavSubagents)}
+	// Read before the list, so the stream replays whatever changed while it was read.
+	if after, ok := liveAfter(r.Context()); ok {
+		v.Live = h.Paths().Events(after)
+	}
 	ctx, cancel := h.source(r.Context())
 	defer cancel()
 	list, err := h.Control.Subagents(ctx, subagent.ListParams{Limit: subagentsShown})

@@ -172,6 +172,30 @@ SELECT id FROM ins, pg_notify($5, $6)`, job, attempt, kind, raw, s.channel, org)
 	return id, nil
 }
 
+// Note records an event of org's job at its current attempt that its worker did not write
+// (an operator's action on it, through the control API), and notifies as Event does.
+// ErrNotFound: the mirror holds no such job of org.
+func (s *Store) Note(ctx context.Context, org, job, kind string, data any) (int64, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return 0, fmt.Errorf("note on job %s: %w", job, err)
+	}
+	var id int64
+	err = s.pool.QueryRow(ctx, `
+WITH j AS (SELECT job_id, attempt FROM mirror_jobs WHERE job_id = $1 AND org = $2),
+ins AS (
+    INSERT INTO mirror_job_events (job_id, attempt, kind, data) SELECT job_id, attempt, $3, $4 FROM j RETURNING id
+)
+SELECT id FROM ins, pg_notify($5, $2)`, job, org, kind, raw, s.channel).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("note on job %s: %w", job, err)
+	}
+	return id, nil
+}
+
 // Running marks job RUNNING (its worker has started).
 func (s *Store) Running(ctx context.Context, q Querier, job string) error {
 	if _, err := s.on(q).Exec(ctx, `UPDATE mirror_jobs SET status = 'RUNNING', updated_at = now() WHERE job_id = $1`, job); err != nil {

@@ -367,3 +367,43 @@ func TestCountsOfOrgs(t *testing.T) {
 		t.Fatalf("orgs %v, %v", orgs, err)
 	}
 }
+
+// A note is an event of the org's own job at its current attempt, waking the org's waiters
+// as the worker's events do; another org's job, or one the mirror does not hold, takes none.
+func TestANoteGoesOnTheOrgsJobAtItsAttemptOnly(t *testing.T) {
+	f := newFixture(t, Options{Poll: time.Hour})
+	ctx := context.Background()
+	f.claim("acme", "a1", 1)
+	last := f.claim("acme", "a1", 3) // a re-claim: attempt 3 now
+	f.claim("globex", "g1", 1)
+
+	done := make(chan []Event, 1)
+	go func() {
+		events, _ := f.store.Since(ctx, "acme", last, MaxPage, 30*time.Second)
+		done <- events
+	}()
+	for l := f.store.ensureListener(ctx); !l.Subscribed("acme"); {
+		time.Sleep(time.Millisecond)
+	}
+	id, err := f.store.Note(ctx, "acme", "a1", "subagent_cancel", map[string]string{"id": "sub-1", "actor": "operator:ada"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := <-done
+	var data map[string]string
+	if len(events) == 1 {
+		_ = json.Unmarshal(events[0].Data, &data)
+	}
+	if len(events) != 1 || events[0].ID != id || events[0].Attempt != 3 || events[0].Kind != "subagent_cancel" || data["actor"] != "operator:ada" {
+		t.Fatalf("the note as the org's waiters saw it: %+v", events)
+	}
+	for _, c := range []struct{ org, job string }{{"acme", "g1"}, {"globex", "a1"}, {"acme", "nope"}} {
+		if _, err := f.store.Note(ctx, c.org, c.job, "subagent_cancel", nil); !errors.Is(err, ErrNotFound) {
+			t.Errorf("a note by %s on %s: %v, want ErrNotFound", c.org, c.job, err)
+		}
+	}
+	var n int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM mirror_job_events WHERE kind = 'subagent_cancel'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d notes written (%v), want 1", n, err)
+	}
+}

@@ -257,17 +257,22 @@ func LiveJobRow(id string) string    { return "jobrow-" + liveDigest(id) }
 func LiveJobHead(id string) string   { return "jobhead-" + liveDigest(id) }
 func LiveJobEvents(id string) string { return "jobevents-" + liveDigest(id) }
 
+// LiveSubagentRow is the SSE event name that carries subagent id's row.
+func LiveSubagentRow(id string) string { return "subagent-" + liveDigest(id) }
+
 func liveDigest(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return hex.EncodeToString(sum[:12])
 }
 
-// The SSE events every live page listens for: a job the list has not shown (its first
-// claim, or a re-claim that moves it to the top), and a stream that could not pick up
-// where the page left off.
+// The SSE events live pages listen for: a job the list has not shown (its first claim, or
+// a re-claim that moves it to the top), a subagent the subagents page has not shown, and
+// (every live page) a stream that could not pick up where the page left off. The first two
+// reload the page that lists them, as the last does.
 const (
-	LiveJobs   = "jobs"
-	LiveReload = "reload"
+	LiveJobs      = "jobs"
+	LiveSubagents = "subagents"
+	LiveReload    = "reload"
 )
 
 // Events is the URL of the dashboard's SSE stream, resuming after event id after (0: from
@@ -324,6 +329,8 @@ type SubagentsView struct {
 	Frame DashboardFrame
 	Error string
 	Rows  []SubagentRow
+	// Live is the SSE stream's URL (Paths.Events) the rows update from; empty: not live.
+	Live string
 }
 
 // SubagentRow is one subagent handle; Notice is the answer to the last action on the row
@@ -444,11 +451,11 @@ type ChatTurnState struct {
 	Ended         string
 	// Events is the turn's stream (server-sent events carrying this fragment each time the
 	// turn changes, from Rev on), Stop the Stop form's action, Session the transcript.
-	Events   string
-	Rev      uint64
-	Stop     templ.SafeURL
-	Session  templ.SafeURL
-	NewTurn  templ.SafeURL
+	Events  string
+	Rev     uint64
+	Stop    templ.SafeURL
+	Session templ.SafeURL
+	NewTurn templ.SafeURL
 }
 
 // ChatJobRow is a running job in the way of a turn, with its progress.

@@ -146,7 +146,7 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.With(live.mark).Get(p+"/jobs/{id}", h.Job)
 			r.Get(p+"/events", live.ServeHTTP)
 			r.Get(p+"/events/refresh", liveRefresh)
-			r.Get(p+"/subagents", h.Subagents)
+			r.With(live.mark).Get(p+"/subagents", h.Subagents)
 			r.Post(p+"/subagents/{id}/cancel", h.SubagentCancel)
 			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
 			r.Get(p+"/leases", h.Leases)
