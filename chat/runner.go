@@ -98,6 +98,9 @@ type Turn struct {
 	RunningAt time.Time // when it took its leases and started the agent
 	AgentAt   time.Time // when the agent's process started
 	EndedAt   time.Time
+	// prior is, for a new session, the home's newest session before the agent started:
+	// the turn's own is a newer one.
+	prior string
 	// Rev counts the turn's changes: its state, and while it runs each write the agent
 	// makes to state.db. A page that showed Rev n waits for n+1 (WaitChange).
 	Rev uint64
@@ -416,8 +419,14 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 	defer cancel(nil)
 	kept := r.keep(runCtx, cancel, sessionLease, homeLease)
 	defer func() { cancel(nil); <-kept }()
+	prior := ""
+	if !t.Resume {
+		prior = r.newestSession(ctx)
+	}
 	// Truncated to the second: slack for clocks that round, never missing the new session.
-	r.update(t, func(s *Turn) { s.HeldBy, s.Waiting, s.RunningAt = "", "", time.Now().Truncate(time.Second) })
+	r.update(t, func(s *Turn) {
+		s.HeldBy, s.Waiting, s.RunningAt, s.prior = "", "", time.Now().Truncate(time.Second), prior
+	})
 
 	watchCtx, unwatch := context.WithCancel(runCtx)
 	watched := r.watchState(watchCtx, t)
@@ -653,9 +662,10 @@ func answerOf(stdout []byte) string {
 }
 
 // LiveSession is the session a turn writes to: its own id, or for a new session that has
-// not printed its id yet (the CLI prints it at the end), the newest session started since
-// the turn began running. The home: lease and the home's file lock let no other agent
-// start one meanwhile, so that session is this turn's.
+// not printed its id yet (the CLI prints it at the end), the home's newest session when it
+// is newer than the newest before the agent started (and started since the turn began
+// running). The home: lease and the home's file lock let no other agent start one
+// meanwhile, so that session is this turn's.
 func (r *Runner) LiveSession(ctx context.Context, t Turn) (string, error) {
 	if t.SessionID != "" || t.State != StateRunning {
 		return t.SessionID, nil
@@ -668,10 +678,24 @@ func (r *Runner) LiveSession(ctx context.Context, t Turn) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if len(page.Sessions) == 1 && !page.Sessions[0].StartedAt.Before(t.RunningAt) {
+	if len(page.Sessions) == 1 && page.Sessions[0].ID != t.prior && !page.Sessions[0].StartedAt.Before(t.RunningAt) {
 		return page.Sessions[0].ID, nil
 	}
 	return "", nil
+}
+
+// newestSession is the home's newest session id ("" for none, or when state.db cannot say:
+// the turn's start time alone then tells its session).
+func (r *Runner) newestSession(ctx context.Context) string {
+	st, err := r.cfg.Home.State()
+	if err != nil {
+		return ""
+	}
+	page, err := st.Sessions(ctx, orghome.SessionQuery{Limit: 1})
+	if err != nil || len(page.Sessions) == 0 {
+		return ""
+	}
+	return page.Sessions[0].ID
 }
 
 func newID() string {

@@ -2,8 +2,10 @@ package web_test
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"net/http/cookiejar"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +16,8 @@ import (
 
 	"hermeshost/chat"
 	"hermeshost/internal/testio"
+	"hermeshost/orghome"
+	"hermeshost/orghome/hermesstate"
 	"hermeshost/templates"
 )
 
@@ -147,6 +151,42 @@ func TestAChatTurnStreamsItsRowsAndAnswerThroughTheProxy(t *testing.T) {
 	if testid(pg, "chat-live").Length() != 0 {
 		t.Error("an ended turn's page still connects to its stream")
 	}
+	// A second new session: until its agent has made its session, its rows are none, never
+	// an earlier session's, even one whose start time reads later than the turn's (another
+	// clock, or the same second).
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(acme.dir, orghome.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = hermesstate.InsertSession(context.Background(), db, hermesstate.Session{ID: "20261203_120000_0a0b0c", Source: "cli", StartedAt: float64(time.Now().Add(time.Minute).Unix())})
+	if err == nil {
+		err = hermesstate.InsertMessage(context.Background(), db, hermesstate.Message{SessionID: "20261203_120000_0a0b0c", Role: "user", Content: "an earlier session", Timestamp: 1})
+	}
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc2 := e.POST("/orgs/acme/chat").WithHeader("Origin", p.srv.URL).WithFormField("message", "And for sale items?").
+		Expect().Status(http.StatusSeeOther).Header("Location").Raw()
+	var sessions []string
+	for m := range turnStream(t, client, p.srv.URL+loc2+"/events", "") {
+		if m.Event == templates.ChatTurnEndEvent {
+			break
+		}
+		if m.Event == templates.ChatTurnEvent {
+			sessions = append(sessions, testid(doc(t, m.Data, "/orgs/acme"), "chat-session-id").Text())
+		}
+	}
+	second, _ := d.runner.Get(strings.TrimPrefix(loc2, "/orgs/acme/chat/turns/"))
+	if second.State != chat.StateDone || second.SessionID == turn.SessionID || second.SessionID == "20261203_120000_0a0b0c" {
+		t.Fatalf("the second turn %+v", second)
+	}
+	for _, s := range sessions {
+		if s != "" && s != second.SessionID {
+			t.Fatalf("the second turn's stream showed session %q (its own is %s): %q", s, second.SessionID, sessions)
+		}
+	}
+
 	// Another turn id: no stream.
 	e.GET("/orgs/acme/chat/turns/0123456789abcdef/events").Expect().Status(http.StatusNotFound)
 }
