@@ -130,6 +130,24 @@ func (c *Client) JobEvents(ctx context.Context, after int64, wait time.Duration)
 	return feed, err
 }
 
+// LeaseChanges are the org's lease events after id after, waiting up to wait for one.
+func (c *Client) LeaseChanges(ctx context.Context, after int64, wait time.Duration) (LeaseChanges, error) {
+	q := url.Values{"after": {strconv.FormatInt(max(after, 0), 10)}}
+	if wait > 0 {
+		q.Set("wait_ms", strconv.FormatInt(ceilMillis(wait), 10))
+	}
+	var ch LeaseChanges
+	err := c.do(ctx, "lease changes", http.MethodGet, "/v1/leases/changes", q, nil, &ch)
+	return ch, err
+}
+
+// LeaseHead is the newest lease event id there is: a watcher of LeaseChanges starts after it.
+func (c *Client) LeaseHead(ctx context.Context) (int64, error) {
+	var ch LeaseChanges
+	err := c.do(ctx, "lease changes", http.MethodGet, "/v1/leases/changes", nil, nil, &ch)
+	return ch.Last, err
+}
+
 // Acquire takes key (home:<own org> or session:<id>) for holder for ttl. With wait 0 it
 // tries once; otherwise it waits up to wait (at most the server's maximum) for the key to
 // come free. A key still held is an error for which IsHeld is true. Durations are sent in

@@ -465,3 +465,69 @@ func (c *Client) ForceRelease(ctx context.Context, key, actor, reason string) (L
 		forceReleaseRequest{Key: key, Actor: actor, Reason: reason}, &l)
 	return l, err
 }
+
+// MaxLeaseChanges is how many events one GET /v1/leases/changes answers at most.
+const MaxLeaseChanges = 200
+
+// LeaseChanges is GET /v1/leases/changes: the org's home: and session: lease events after
+// an id, oldest first, and the id to ask after next (Last). Asked without after, it holds
+// no events and Last is the newest event id there is: a watcher starts from now.
+type LeaseChanges struct {
+	Events []LeaseEvent `json:"events"`
+	Last   int64        `json:"last"`
+}
+
+// leaseChanges is GET /v1/leases/changes?after=&wait_ms=: what changed in the caller's
+// leases (never org: keys, never another org's) after event id after, waiting up to wait_ms
+// for a change, woken by its notification; without after, the head.
+func (s *Server) leaseChanges(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var wait time.Duration
+	if v := q.Get("wait_ms"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		most := min(s.cfg.MaxWait, lease.MaxChangesWait)
+		if err != nil || ms < 0 || millis(ms) > most {
+			badRequest(w, "wait_ms must be an integer from 0 to %d", most.Milliseconds())
+			return
+		}
+		wait = millis(ms)
+	}
+	v := q.Get("after")
+	if v == "" {
+		head, err := s.cfg.Leases.Head(r.Context())
+		if err != nil {
+			s.internal(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, LeaseChanges{Events: []LeaseEvent{}, Last: head})
+		return
+	}
+	after, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || after < 0 {
+		badRequest(w, "after must be an event id (an integer from 0)")
+		return
+	}
+	org := orgOf(r)
+	evs, err := s.cfg.Leases.Changes(r.Context(), org, after, MaxLeaseChanges, wait)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	out := LeaseChanges{Events: make([]LeaseEvent, 0, len(evs)), Last: after}
+	for _, e := range evs {
+		out.Events = append(out.Events, LeaseEvent{
+			ID: e.ID, Key: clientKey(org, e.Key), Kind: e.Kind, Holder: e.Holder, Epoch: e.Epoch,
+			PreviousHolder: e.PreviousHolder, Actor: e.Actor, Reason: e.Reason, At: e.At,
+		})
+		out.Last = e.ID
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// clientKey is a stored key of org as its control key names it (scopeKey's inverse).
+func clientKey(org, stored string) string {
+	if id, ok := strings.CutPrefix(stored, "session:"+org+"."); ok {
+		return "session:" + id
+	}
+	return stored
+}

@@ -366,3 +366,47 @@ func TestForceReleaseAndEventsOfOtherOrgsAndOrgLeasesAreForbiddenAndUntouched(t 
 		t.Fatalf("a forbidden request wrote:\n%s\nthen\n%s", before, after)
 	}
 }
+
+// GET /v1/leases/changes: without after, the head; after it, the caller's own lease events
+// under the names its key uses (never the stored session:<org>. form, never another org's
+// or an org: lease), waiting for one when asked to; a bad after or wait_ms is 400.
+func TestLeaseChangesAreTheCallersOwnFromTheHead(t *testing.T) {
+	f := newFixture(t)
+	a := f.as(orgA)
+	var head LeaseChanges
+	a.GET("/v1/leases/changes").Expect().Status(http.StatusOK).JSON().Decode(&head)
+	if len(head.Events) != 0 {
+		t.Fatalf("the head came with events: %+v", head)
+	}
+	f.as(orgB).POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:x", "holder": "worker-b", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	if _, err := f.leases.TryAcquire(context.Background(), "org:acme", "dispatcher-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan LeaseChanges, 1)
+	go func() {
+		var ch LeaseChanges
+		a.GET("/v1/leases/changes").WithQuery("after", head.Last).WithQuery("wait_ms", 4000).
+			Expect().Status(http.StatusOK).JSON().Decode(&ch)
+		got <- ch
+	}()
+	time.Sleep(100 * time.Millisecond) // let it wait; were it not waiting yet, it finds the event anyway
+	a.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": "session:x", "holder": "worker-a", "ttl_ms": 60000}).
+		Expect().Status(http.StatusOK)
+	ch := <-got
+	if len(ch.Events) != 1 || ch.Events[0].Key != "session:x" || ch.Events[0].Holder != "worker-a" || ch.Events[0].Kind != "acquire" || ch.Last != ch.Events[0].ID {
+		t.Fatalf("acme's changes %+v", ch)
+	}
+	var none LeaseChanges
+	a.GET("/v1/leases/changes").WithQuery("after", ch.Last).Expect().Status(http.StatusOK).JSON().Decode(&none)
+	if len(none.Events) != 0 || none.Last != ch.Last {
+		t.Fatalf("nothing new, and yet %+v", none)
+	}
+	for _, q := range []map[string]any{{"after": -1}, {"after": "x"}, {"after": 0, "wait_ms": -1}, {"after": 0, "wait_ms": 600000}} {
+		r := a.GET("/v1/leases/changes")
+		for k, v := range q {
+			r = r.WithQuery(k, v)
+		}
+		r.Expect().Status(http.StatusBadRequest)
+	}
+}

@@ -135,6 +135,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/v1/leases/release", s.leaseRelease)
 		r.Post("/v1/leases/force-release", s.leaseForceRelease)
 		r.Get("/v1/leases", s.leaseList)
+		r.Get("/v1/leases/changes", s.leaseChanges)
 		r.Get("/v1/leases/{key}", s.leaseShow)
 		r.Get("/v1/leases/{key}/events", s.leaseEvents)
 		r.Post("/v1/subagents", s.subagentStart)

@@ -184,8 +184,8 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 		}
 		v := h.jobDetail(d)
 		out = append(out,
-			LiveFragment{ID: e.ID, Event: templates.LiveJobRow(e.JobID), HTML: renderString(ctx, templates.JobListRow(v.Job))},
-			LiveFragment{ID: e.ID, Event: templates.LiveJobHead(e.JobID), HTML: renderString(ctx, templates.JobHead(v))})
+			LiveFragment{ID: e.ID, Event: templates.LiveJobRow(e.JobID), HTML: renderString(ctx, templates.JobListCells(v.Job))},
+			LiveFragment{ID: e.ID, Event: templates.LiveJobHead(e.JobID), HTML: renderString(ctx, templates.JobHeadBody(v))})
 	}
 	return out
 }
@@ -219,7 +219,7 @@ func (h *Dashboard) liveSubagent(ctx context.Context, e control.FeedEvent) []Liv
 		return out
 	}
 	return append(out, LiveFragment{ID: e.ID, Event: templates.LiveSubagentRow(data.ID),
-		HTML: renderString(ctx, templates.SubagentRowFragment(h.Paths(), subagentRow(d.Subagent)))})
+		HTML: renderString(ctx, templates.SubagentCells(h.Paths(), subagentRow(d.Subagent)))})
 }
 
 func renderString(ctx context.Context, c templ.Component) string {

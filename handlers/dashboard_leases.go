@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -23,16 +24,32 @@ const (
 // says what was done, when the key's newest event is that force release.
 func (h *Dashboard) Leases(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	v := h.leasesView(r, q.Get("released"))
+	// Read before the leases, so the stream replays whatever changed while they were read.
+	live := ""
+	if after, ok := liveAfter(r.Context()); ok {
+		live = h.Paths().LeaseEvents(after)
+	}
+	v := h.leasesView(r.Context(), q.Get("released"))
+	v.Frame, v.Live = h.frame(r.Context(), templates.NavLeases), live
 	if key := q.Get("confirm"); key != "" {
 		v.Confirm = key
 	}
 	h.Render(w, r, http.StatusOK, templates.DashboardLeases(v))
 }
 
-func (h *Dashboard) leasesView(r *http.Request, released string) templates.LeasesPageView {
-	v := templates.LeasesPageView{Frame: h.frame(r.Context(), templates.NavLeases)}
-	ctx, cancel := h.source(r.Context())
+// LiveLeases renders the leases table afresh for a page of the org's lease changes: once
+// for the page, whatever the number of tabs.
+func (h *Dashboard) LiveLeases(ctx context.Context, events []control.FeedEvent) []LiveFragment {
+	if len(events) == 0 {
+		return nil
+	}
+	return []LiveFragment{{ID: events[len(events)-1].ID, Event: templates.LiveLeases,
+		HTML: renderString(ctx, templates.LeasesTable(h.leasesView(ctx, "")))}}
+}
+
+func (h *Dashboard) leasesView(ctx context.Context, released string) templates.LeasesPageView {
+	var v templates.LeasesPageView
+	ctx, cancel := h.source(ctx)
 	defer cancel()
 	list, err := h.Control.Leases(ctx, control.LeaseQuery{Limit: leasesShown})
 	if err != nil {
@@ -93,8 +110,8 @@ func (h *Dashboard) LeaseForceRelease(w http.ResponseWriter, r *http.Request) {
 			h.Log.Warn("dashboard: force release through the control API", "org", h.Org, "key", key, "err", err)
 		}
 	}
-	v := h.leasesView(r, "")
-	v.Notice, v.Refused = refusal, true
+	v := h.leasesView(r.Context(), "")
+	v.Frame, v.Notice, v.Refused = h.frame(r.Context(), templates.NavLeases), refusal, true
 	if status == http.StatusBadRequest || status == http.StatusConflict {
 		v.Confirm = key // ask again
 	}

@@ -26,6 +26,9 @@ type Store struct {
 
 	listenOnce sync.Once
 	listener   *pg.Listener
+	// eventsListener wakes Changes' waiters (eventsChannel).
+	eventsOnce     sync.Once
+	eventsListener *pg.Listener
 }
 
 // Options tune a Store; the zero value is usable.
@@ -56,6 +59,9 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 func (s *Store) Close() {
 	if s.listener != nil {
 		s.listener.Close()
+	}
+	if s.eventsListener != nil {
+		s.eventsListener.Close()
 	}
 }
 

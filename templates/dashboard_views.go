@@ -273,6 +273,8 @@ const (
 	LiveJobs      = "jobs"
 	LiveSubagents = "subagents"
 	LiveReload    = "reload"
+	// LiveLeases carries the leases page's table (its own stream, <prefix>/leases/events).
+	LiveLeases = "leases"
 )
 
 // Events is the URL of the dashboard's SSE stream, resuming after event id after (0: from
@@ -282,6 +284,11 @@ func (p Paths) Events(after int64) string {
 		return p.HX("/events")
 	}
 	return p.HX("/events?after=" + strconv.FormatInt(after, 10))
+}
+
+// LeaseEvents is the URL of the leases page's SSE stream, resuming after lease event after.
+func (p Paths) LeaseEvents(after int64) string {
+	return p.HX("/leases/events?after=" + strconv.FormatInt(after, 10))
 }
 
 // LiveRefresh is the URL a live page asks when the stream says it missed events: the
@@ -370,6 +377,8 @@ type LeasesPageView struct {
 	Refused   bool
 	// Confirm is the key a force release is being confirmed for (the form asking a reason).
 	Confirm string
+	// Live is the leases' SSE stream (Paths.LeaseEvents); empty: not live.
+	Live string
 }
 
 // LeaseDetailRow is one lease and its newest events.

@@ -74,7 +74,8 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 //	<prefix>/subagents    running and finished subagents; POST .../{id}/cancel and
 //	                      .../{id}/messages (body) act through the control API as the operator
 //	<prefix>/leases       the org's home: and session: leases, their events (?confirm=<key>
-//	                      asks a reason); POST .../force-release (key, reason), audited
+//	                      asks a reason); POST .../force-release (key, reason), audited;
+//	                      GET .../events streams the table as leases change (SSE)
 //	<prefix>/chat         the chat's form; POST starts a turn (session, message)
 //	<prefix>/chat/turns/{turn} one turn: queued, running, its rows and answer; GET
 //	                      .../events streams it as it changes (SSE); POST .../stop ends it
@@ -118,7 +119,8 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 		},
 	}
 	chatH := &handlers.Chat{Dashboard: h, Runner: cfg.Chat}
-	live := newLiveFeed(cfg.Control, h.LiveJobs, ops.Log, ops.Registry)
+	live := newLiveFeed(jobEvents(cfg.Control), h.LiveJobs, ops.Log, ops.Registry)
+	leaseLive := newLiveFeed(leaseChanges(cfg.Control), h.LiveLeases, ops.Log, ops.Registry)
 	ops.Health.Probe("home", func(context.Context) error {
 		_, err := cfg.Home.Stat(".")
 		return err
@@ -149,7 +151,8 @@ func NewDashboard(ops *service.Ops, cfg DashboardConfig) (http.Handler, error) {
 			r.With(live.mark).Get(p+"/subagents", h.Subagents)
 			r.Post(p+"/subagents/{id}/cancel", h.SubagentCancel)
 			r.Post(p+"/subagents/{id}/messages", h.SubagentSend)
-			r.Get(p+"/leases", h.Leases)
+			r.With(leaseLive.mark).Get(p+"/leases", h.Leases)
+			r.Get(p+"/leases/events", leaseLive.ServeHTTP)
 			r.Post(p+"/leases/force-release", h.LeaseForceRelease)
 			r.Get(p+"/chat", chatH.ChatPage)
 			r.Post(p+"/chat", chatH.ChatSend)

@@ -46,7 +46,7 @@ var (
 // Not yet live: subagent rows (the control API has no subagent stream, and the subagents
 // page re-renders only on its own actions) and lease changes.
 type liveFeed struct {
-	control                              *control.Client
+	source                               liveSource
 	render                               func(context.Context, []control.FeedEvent) []handlers.LiveFragment
 	log                                  *slog.Logger
 	wait, heartbeat, retry, writeTimeout time.Duration
@@ -80,13 +80,45 @@ type liveSubscriber struct {
 	ch chan liveMessage // closed when the hub drops it
 }
 
-func newLiveFeed(c *control.Client, render func(context.Context, []control.FeedEvent) []handlers.LiveFragment, log *slog.Logger, reg prometheus.Registerer) *liveFeed {
+// liveSource is what a feed follows: pages of events after an id (wait: how long the
+// control API may wait for one), a full page holding page events; and, when the source can
+// say it, its head, where a first loop starts (without, it pages through the history).
+type liveSource struct {
+	name string // in the metrics' names: hermes_dashboard_<name>_...
+	poll func(ctx context.Context, after int64, wait time.Duration) (control.JobEventFeed, error)
+	head func(ctx context.Context) (int64, error)
+	page int
+}
+
+// jobEvents is the control API's job events of the org: what the jobs and subagents
+// pages follow.
+func jobEvents(c *control.Client) liveSource {
+	return liveSource{name: "live", poll: c.JobEvents, page: control.MaxFeedEvents}
+}
+
+// leaseChanges is the control API's lease events of the org, as events of no job (only
+// their ids and kinds matter: the leases page is rendered afresh for a change).
+func leaseChanges(c *control.Client) liveSource {
+	return liveSource{
+		name: "lease_live", head: c.LeaseHead, page: control.MaxLeaseChanges,
+		poll: func(ctx context.Context, after int64, wait time.Duration) (control.JobEventFeed, error) {
+			ch, err := c.LeaseChanges(ctx, after, wait)
+			feed := control.JobEventFeed{Last: ch.Last}
+			for _, e := range ch.Events {
+				feed.Events = append(feed.Events, control.FeedEvent{ID: e.ID, Kind: e.Kind, At: e.At})
+			}
+			return feed, err
+		},
+	}
+}
+
+func newLiveFeed(src liveSource, render func(context.Context, []control.FeedEvent) []handlers.LiveFragment, log *slog.Logger, reg prometheus.Registerer) *liveFeed {
 	f := &liveFeed{
-		control: c, render: render, log: log, subs: map[*liveSubscriber]struct{}{}, backoff: time.Second,
+		source: src, render: render, log: log, subs: map[*liveSubscriber]struct{}{}, backoff: time.Second,
 		wait: liveWait, heartbeat: liveHeartbeat, retry: liveRetry, writeTimeout: liveWriteTimeout, buffer: liveBuffer, ringSize: liveRing,
-		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hermes_dashboard_live_subscribers", Help: "SSE streams of the dashboard subscribed to its live updates."}),
-		dropped:     prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_live_dropped_total", Help: "SSE streams dropped for falling behind."}),
-		polls:       prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_live_polls_total", Help: "Requests of the live loop for the control API's job events."}),
+		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hermes_dashboard_" + src.name + "_subscribers", Help: "SSE streams of the dashboard subscribed to this feed of live updates."}),
+		dropped:     prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_" + src.name + "_dropped_total", Help: "SSE streams of this feed dropped for falling behind."}),
+		polls:       prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_" + src.name + "_polls_total", Help: "Requests of this feed's live loop to the control API."}),
 	}
 	done := make(chan struct{})
 	close(done)
@@ -189,7 +221,7 @@ func (f *liveFeed) run(ctx context.Context, ready chan struct{}) {
 		after := f.last
 		f.mu.Unlock()
 		f.polls.Inc()
-		feed, err := f.control.JobEvents(ctx, after, f.wait)
+		feed, err := f.source.poll(ctx, after, f.wait)
 		if err != nil {
 			f.retryLater(ctx, "long-poll the job events", err)
 			continue
@@ -206,13 +238,24 @@ func (f *liveFeed) catchUp(ctx context.Context) error {
 	after, known := f.last, f.known
 	f.mu.Unlock()
 	skip := !known
-	for {
+	if skip && f.source.head != nil {
 		f.polls.Inc()
-		feed, err := f.control.JobEvents(ctx, after, 0)
+		head, err := f.source.head(ctx)
 		if err != nil {
 			return err
 		}
-		full := len(feed.Events) >= control.MaxFeedEvents
+		f.mu.Lock()
+		f.last, f.floor, f.ring, f.known = head, head, nil, true
+		f.mu.Unlock()
+		return nil
+	}
+	for {
+		f.polls.Inc()
+		feed, err := f.source.poll(ctx, after, 0)
+		if err != nil {
+			return err
+		}
+		full := len(feed.Events) >= f.source.page
 		if !skip && !full {
 			f.publish(ctx, feed)
 			f.mu.Lock()
