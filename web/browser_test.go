@@ -1,93 +1,22 @@
 package web_test
 
 import (
-	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	cdplog "github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
-)
 
-// browser is a headless Chromium for the test, with whatever the page logged as an error
-// (a CSP refusal, a script error) collected. Without Chromium the test skips, and fails
-// under CI.
-func headless(t *testing.T) (context.Context, func() []string) {
-	t.Helper()
-	path, err := exec.LookPath("chromium")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("chromium is not installed, and CI must not skip the browser tests (.ci/run installs it)")
-		}
-		t.Skip("chromium is not installed (apt-get install -y chromium) so the browser test cannot run")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path),
-		chromedp.NoSandbox, // as root
-		chromedp.Headless,
-		chromedp.DisableGPU,
-		chromedp.UserDataDir(t.TempDir()),
-		// The network is closed: no background fetches to refuse.
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelCtx := chromedp.NewContext(allocCtx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(func() {
-		cancelTimeout()
-		cancelCtx()
-		cancelAlloc()
-	})
-	var mu sync.Mutex
-	var errs []string
-	listen := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *cdplog.EventEntryAdded:
-			if ev.Entry.Level == cdplog.EntryLevelError {
-				errs = append(errs, ev.Entry.Text+" "+ev.Entry.URL)
-			}
-		case *runtime.EventExceptionThrown:
-			d := ev.ExceptionDetails
-			msg := d.Text
-			if d.Exception != nil && d.Exception.Description != "" {
-				msg += " " + d.Exception.Description
-			}
-			errs = append(errs, msg)
-		}
-	})
-	if listen != nil {
-		t.Fatalf("listen to the page: %v", listen)
-	}
-	for _, enable := range []cdp.Command[cdp.Empty, cdp.Empty]{cdplog.Enable, runtime.Enable} {
-		if _, err := chromedp.Call(ctx, enable, cdp.Empty{}); err != nil {
-			t.Fatalf("start chromium: %s: %v", enable.Method, err)
-		}
-	}
-	return ctx, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), errs...)
-	}
-}
+	"hermeshost/internal/hosttest"
+)
 
 // An operator in a real browser: sent to the login page, a wrong password refused, logged
 // in to the index of their orgs, which htmx refreshes in place as the job mirror changes,
 // and logged out.
 func TestOperatorLogsInAndWatchesTheirOrgsInABrowser(t *testing.T) {
 	f := newFixture(t, 1)
-	ctx, pageErrors := headless(t)
+	ctx, pageErrors := hosttest.Headless(t, 90*time.Second)
 	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
 	// text reads an element's text in one evaluation in the page: htmx swaps the org table
 	// out every second, so a node found by one protocol call may be gone by the next.

@@ -930,7 +930,7 @@ func TestTheDashboardInABrowser(t *testing.T) {
 		ToolCalls: []hermesstate.ToolCall{{ID: "c1", Name: "terminal", Arguments: `{"command":"sartiq ops"}`}}})
 	acme.session(hermesstate.Session{ID: "s-new", Title: "guidelines", StartedAt: 1_760_000_100})
 	d := newDash(t, dashOptions{home: acme})
-	ctx, pageErrors := headless(t)
+	ctx, pageErrors := hosttest.Headless(t, 90*time.Second)
 	// Signed a little ahead, so it is good for the whole test (the launcher signs each request).
 	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
 	tok, err := ahead.Sign("ada", "acme")

@@ -15,6 +15,7 @@ import (
 	"github.com/gavv/httpexpect/v2"
 
 	"hermeshost/assertion"
+	"hermeshost/internal/hosttest"
 	"hermeshost/web"
 )
 
@@ -111,7 +112,7 @@ func TestTheJobsPagesFollowAJobLiveInABrowser(t *testing.T) {
 	d := newDash(t, dashOptions{home: acme})
 	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'CLAIMED', 1)`)
 	d.mirrorEvent("job-1", "claim")
-	ctx, pageErrors := headless(t)
+	ctx, pageErrors := hosttest.Headless(t, 90*time.Second)
 	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
 	tok, err := ahead.Sign("ada", "acme")
 	if err != nil {
