@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"hermeshost/config"
 	"hermeshost/migrations"
@@ -48,4 +50,14 @@ func openHostDB(ctx context.Context, process string) (*pgxpool.Pool, *slog.Logge
 		return nil, nil, err
 	}
 	return pool, log, nil
+}
+
+// undumpable makes this process's /proc/<pid>/mem, environ and the like unreadable to any
+// other process of the same user (an agent beside it) and refuses it ptrace: what holds
+// secrets (a job token, keys, DATABASE_URL) calls it before it reads them.
+func undumpable(what string) error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the %s undumpable: %w", what, err)
+	}
+	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
 
 	"hermeshost/chat"
 	"hermeshost/cli"
@@ -186,8 +185,8 @@ func dashboardCommand() *cli.Command {
 				}
 				// The keys are kept in memory only: our /proc/<pid>/mem and environ stay
 				// unreadable to a process of the same user (an agent beside us).
-				if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-					return fmt.Errorf("make the dashboard undumpable: %w", err)
+				if err := undumpable("dashboard"); err != nil {
+					return err
 				}
 				s := dashboardSettings{org: *org, prefix: *prefix}
 				log, err := startup("dashboard", func(e *config.Env) {

@@ -116,6 +116,11 @@ func dashboardEnv(s dispatcherSettings) []string {
 // within JOB_GRACE (else has them released) and gives up its leases. A shutdown that
 // arrives while it is still starting is a clean stop, not an error.
 func runDispatcher(ctx context.Context, log *slog.Logger, s dispatcherSettings) error {
+	// It holds DATABASE_URL, the bot token and the secrets every org's keys derive from,
+	// and starts agents' units as children.
+	if err := undumpable("dispatcher"); err != nil {
+		return err
+	}
 	err := dispatchUntilDone(ctx, log, s)
 	if err != nil && ctx.Err() != nil {
 		return nil

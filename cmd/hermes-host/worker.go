@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
 
 	"hermeshost/cli"
 	"hermeshost/config"
@@ -78,8 +77,8 @@ func runJobCommand() *cli.Command {
 				}
 				// The agent runs as this user: make our /proc/<pid>/environ, which holds the
 				// job token, unreadable to it.
-				if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-					return fmt.Errorf("make the worker undumpable: %w", err)
+				if err := undumpable("worker"); err != nil {
+					return err
 				}
 				var cfg worker.Config
 				var apiURL, token, controlURL, controlKey string
