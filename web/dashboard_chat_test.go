@@ -40,7 +40,7 @@ var agentBin struct {
 }
 
 // scriptedAgent is the scripted agent, built once for the package's tests.
-func scriptedAgent(t *testing.T) string {
+func scriptedAgent(t testing.TB) string {
 	t.Helper()
 	agentBin.once.Do(func() {
 		dir, err := os.MkdirTemp("", "web-chat-agent-")
@@ -72,7 +72,7 @@ type chatDash struct {
 	home   *orgHome
 }
 
-func newChatDash(t *testing.T, h *orgHome) *chatDash {
+func newChatDash(t testing.TB, h *orgHome) *chatDash {
 	t.Helper()
 	bin := scriptedAgent(t)
 	_, pool := pgtest.Schema(t)

@@ -11,8 +11,12 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 
+	"hermeshost/assertion"
+	"hermeshost/internal/hosttest"
 	"hermeshost/lease"
 )
 
@@ -161,5 +165,72 @@ func TestTheLeasesPageSaysWhatToDoWithNone(t *testing.T) {
 	p := page(t, newDash(t, dashOptions{home: other}).as("ada"), "/orgs/initech/leases", "/orgs/initech")
 	if got := testid(p, "leases-none").Text(); !strings.Contains(got, "run a job") {
 		t.Errorf("empty state %q", got)
+	}
+}
+
+// The leases page follows the org's leases on its own stream: a lease taken or released
+// elsewhere changes the table in an open browser within a second or so, without a reload.
+func TestTheLeasesPageFollowsTheLeasesLive(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	ctx := context.Background()
+	p := page(t, d.as("ada"), "/orgs/acme/leases", "/orgs/acme")
+	if got := testid(p, "live").AttrOr("sse-connect", ""); !strings.HasPrefix(got, "/orgs/acme/leases/events?after=") {
+		t.Fatalf("the leases page connects to %q", got)
+	}
+	browser, pageErrors := hosttest.Headless(t, 90*time.Second)
+	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
+	tok, err := ahead.Sign("ada", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(browser, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(browser, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{assertion.Header: tok}}); err != nil {
+		t.Fatal(err)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(browser, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
+	}
+	poll := func(js string, within time.Duration) error {
+		return chromedp.Do(browser, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(within)))
+	}
+	if err := chromedp.Do(browser, chromedp.Navigate(d.srv.URL+"/orgs/acme/leases"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="leases-none"]`))); err != nil {
+		t.Fatal(err)
+	}
+	for d.metric("hermes_dashboard_lease_live_subscribers") < 1 {
+		if err := poll(`true`, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eval(`window.stillThisPage = "yes"`)
+	holder := `[...document.querySelectorAll('[data-testid="lease-holder"]')].map(e => e.textContent.trim()).join(",")`
+	l, err := d.control.Acquire(ctx, "home:acme", "worker-acme-9", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(holder+` === "worker-acme-9"`, 5*time.Second); err != nil {
+		t.Fatalf("the taken lease did not show: %q, %v (page errors %v)", eval(holder), err, pageErrors())
+	}
+	if err := d.control.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(holder+` === "free"`, 5*time.Second); err != nil {
+		t.Fatalf("the released lease did not show free: %q, %v", eval(holder), err)
+	}
+	if got := eval(`document.querySelector('[data-testid="lease-event-kind"]').textContent`); got != "release" {
+		t.Errorf("the newest event shown is %q", got)
+	}
+	if still := eval(`window.stillThisPage || "reloaded"`); still != "yes" {
+		t.Fatal("the page reloaded instead of swapping the table")
+	}
+	if errs := pageErrors(); len(errs) > 0 {
+		t.Fatalf("the page logged errors: %v", errs)
 	}
 }

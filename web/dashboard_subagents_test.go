@@ -6,8 +6,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+
+	"hermeshost/assertion"
+	"hermeshost/internal/hosttest"
 	"hermeshost/subagent"
+	"hermeshost/templates"
 )
 
 // holds fails the test unless cond, an SQL boolean over the database, is true (a false
@@ -61,6 +68,9 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 	}
 	if got := texts(testid(p, "subagent-summary")); !strings.Contains(strings.Join(got, "\n"), hostile) {
 		t.Errorf("summaries %q", got)
+	}
+	if got := testid(p, "subagent-job"); got.Length() != 1 || got.AttrOr("href", "") != "/orgs/acme/jobs/job-1" {
+		t.Errorf("the job links %d, %q", got.Length(), got.AttrOr("href", ""))
 	}
 	if n := testid(p, "subagent-cancel").Length(); n != 2 {
 		t.Errorf("%d Cancel buttons for two running subagents", n)
@@ -176,4 +186,125 @@ func TestTheSubagentsPageSaysWhatToDoWithNone(t *testing.T) {
 	if got := testid(p, "subagents-none").Text(); !strings.Contains(got, "run a job") {
 		t.Errorf("empty state %q", got)
 	}
+}
+
+// The subagents page follows its subagents over the dashboard's live stream: a change to a
+// job's subagent made elsewhere (another tab's Cancel, the CLI, the child's own stop)
+// arrives as the row, a new subagent as a reload; in a browser the row changes without a
+// reload and a message being typed in another row is kept.
+func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	ctx := context.Background()
+	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'RUNNING', 1)`)
+	for _, id := range []string{"sub-a", "sub-b"} {
+		if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: id, JobID: "job-1", Goal: "goal of " + id}); err != nil {
+			t.Fatal(err)
+		}
+		d.mirrorEventData("job-1", "subagent_start", `{"id": "`+id+`"}`)
+	}
+	p := page(t, d.as("ada"), "/orgs/acme/subagents", "/orgs/acme")
+	live := testid(p, "live")
+	if live.AttrOr("hx-ext", "") != "sse" || !strings.HasPrefix(live.AttrOr("sse-connect", ""), "/orgs/acme/events") {
+		t.Fatalf("the subagents page is not live: %q", live.AttrOr("sse-connect", ""))
+	}
+	if got := testid(p, "subagent").First().AttrOr("sse-swap", ""); got != templates.LiveSubagentRow("sub-b") && got != templates.LiveSubagentRow("sub-a") {
+		t.Fatalf("a row swaps on %q", got)
+	}
+	if strings.Contains(live.AttrOr("sse-connect", "")+testid(p, "subagent").First().AttrOr("sse-swap", ""), "sub-") {
+		t.Fatal("a subagent's id is in an sse attribute")
+	}
+
+	ctxBrowser, pageErrors := hosttest.Headless(t, 90*time.Second)
+	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
+	tok, err := ahead.Sign("ada", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctxBrowser, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctxBrowser, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{assertion.Header: tok}}); err != nil {
+		t.Fatal(err)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctxBrowser, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
+	}
+	poll := func(js string, within time.Duration) error {
+		return chromedp.Do(ctxBrowser, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(within)))
+	}
+	if err := chromedp.Do(ctxBrowser, chromedp.Navigate(d.srv.URL+"/orgs/acme/subagents"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="subagent"]`))); err != nil {
+		t.Fatal(err)
+	}
+	for d.liveSubscribers() < 1 {
+		if err := poll(`true`, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rowOf := func(id string) string {
+		return `[...document.querySelectorAll('[data-testid="subagent"]')].find(r => r.querySelector('[data-testid="subagent-id"]').textContent === "` + id + `")`
+	}
+	eval(`window.stillThisPage = "yes"`)
+	// A message half typed into sub-b's row.
+	eval(rowOf("sub-b") + `.querySelector('input[name="body"]').value = "half typed"`)
+
+	// Another tab cancels sub-a, and sub-b hears a message: both rows change here.
+	if _, err := d.control.CancelSubagent(ctx, "sub-a", "operator:bob", "enough"); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(rowOf("sub-a")+`.querySelector('[data-testid="subagent-status"]').textContent === "cancelling"`, 5*time.Second); err != nil {
+		t.Fatalf("sub-a's row did not change: %v (page errors %v)", err, pageErrors())
+	}
+	if got := eval(rowOf("sub-a") + `.querySelector('[data-testid="subagent-cancelled"]').textContent`); !strings.Contains(got, "operator:bob") {
+		t.Errorf("sub-a's row says cancelled by %q", got)
+	}
+	if _, err := d.control.SendSubagent(ctx, "sub-b", "operator:bob", "use the 2026 list"); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(rowOf("sub-b")+`.querySelector('[data-testid="subagent-pending"]').textContent.includes("1 waiting")`, 5*time.Second); err != nil {
+		t.Fatalf("sub-b's row did not change: %v", err)
+	}
+	if got := eval(rowOf("sub-b") + `.querySelector('input[name="body"]').value`); got != "half typed" {
+		t.Errorf("the message being typed became %q", got)
+	}
+	// The child's own stop, as the worker mirrors it.
+	if _, err := d.control.StopSubagent(ctx, "sub-b", subagent.Done, "heard: use the 2026 list"); err != nil {
+		t.Fatal(err)
+	}
+	d.mirrorEventData("job-1", "subagent_stop", `{"id": "sub-b", "status": "done"}`)
+	if err := poll(rowOf("sub-b")+`.querySelector('[data-testid="subagent-status"]').textContent === "done"`, 5*time.Second); err != nil {
+		t.Fatalf("sub-b's row did not end: %v", err)
+	}
+	if still := eval(`window.stillThisPage || "reloaded"`); still != "yes" {
+		t.Fatal("the page reloaded instead of swapping the rows")
+	}
+	// A new subagent reloads the page, which then lists it.
+	if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: "sub-c", JobID: "job-1", Goal: "a third"}); err != nil {
+		t.Fatal(err)
+	}
+	d.mirrorEventData("job-1", "subagent_start", `{"id": "sub-c"}`)
+	// The reload navigates: a look during it fails and is made again on the new page.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		err := poll(rowOf("sub-c")+` !== undefined`, time.Second)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new subagent was not shown: %v", err)
+		}
+	}
+	if got := eval(`window.stillThisPage || "reloaded"`); got != "reloaded" {
+		t.Error("the new subagent appeared without the reload that lists it")
+	}
+	if errs := pageErrors(); len(errs) > 0 {
+		t.Fatalf("the page logged errors: %v", errs)
+	}
+	// The job's history holds the operator's actions.
+	d.holds(`(SELECT count(*) FROM mirror_job_events WHERE job_id = 'job-1' AND kind = 'subagent_cancel' AND data->>'id' = 'sub-a' AND data->>'actor' = 'operator:bob') = 1`)
+	d.holds(`(SELECT count(*) FROM mirror_job_events WHERE job_id = 'job-1' AND kind = 'subagent_message' AND data->>'id' = 'sub-b') = 1`)
 }

@@ -48,14 +48,14 @@ const (
 
 // orgHome is one org's home under a shared ORGS_ROOT.
 type orgHome struct {
-	t   *testing.T
+	t   testing.TB
 	org string
 	dir string
 	db  *sql.DB // state.db, writable by the test as Hermes writes it; nil without one
 }
 
 // newOrgHome makes org's home in root, with a state.db of schema version (0: none).
-func newOrgHome(t *testing.T, root, org string, version int) *orgHome {
+func newOrgHome(t testing.TB, root, org string, version int) *orgHome {
 	t.Helper()
 	dir := filepath.Join(root, org)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -104,7 +104,7 @@ func (h *orgHome) message(m hermesstate.Message) {
 // dash is one org's dashboard served directly, with the real control API (over a fresh
 // schema) and the real gateway in front of its demo upstream.
 type dash struct {
-	t       *testing.T
+	t       testing.TB
 	org     string
 	srv     *httptest.Server
 	leases  *lease.Store
@@ -122,7 +122,7 @@ type dashOptions struct {
 	now     func() time.Time
 }
 
-func newDash(t *testing.T, o dashOptions) *dash {
+func newDash(t testing.TB, o dashOptions) *dash {
 	t.Helper()
 	if o.org == "" {
 		o.org = o.home.org
@@ -280,7 +280,7 @@ func page(t *testing.T, e *httpexpect.Expect, target, prefix string) *goquery.Do
 }
 
 // twoHomes is acme's and globex's homes under one ORGS_ROOT, each with sessions of its own.
-func twoHomes(t *testing.T, version int) (acme, globex *orgHome) {
+func twoHomes(t testing.TB, version int) (acme, globex *orgHome) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "orgs")
 	acme, globex = newOrgHome(t, root, "acme", version), newOrgHome(t, root, "globex", version)

@@ -20,11 +20,14 @@ import (
 )
 
 // liveSubscribers is how many streams the dashboard's live feed holds, from its metrics.
-func (d *dash) liveSubscribers() int {
+func (d *dash) liveSubscribers() int { return d.metric("hermes_dashboard_live_subscribers") }
+
+// metric is the value of the dashboard's unlabelled metric name, 0 when it has none.
+func (d *dash) metric(name string) int {
 	d.t.Helper()
 	body := d.anonymous().GET("/metrics").Expect().Status(http.StatusOK).Body().Raw()
 	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, "hermes_dashboard_live_subscribers "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			n, _ := strconv.Atoi(v)
 			return n
 		}
@@ -36,9 +39,15 @@ func (d *dash) liveSubscribers() int {
 // API's waiters on its schema's channel (their poll, within a second, would find it too).
 func (d *dash) mirrorEvent(job, kind string) {
 	d.t.Helper()
+	d.mirrorEventData(job, kind, "{}")
+}
+
+// mirrorEventData is mirrorEvent with data, JSON.
+func (d *dash) mirrorEventData(job, kind, data string) {
+	d.t.Helper()
 	d.exec(`
-WITH ins AS (INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ($1, 1, $2, '{}') RETURNING id)
-SELECT pg_notify('hermes_mirror_' || left(current_setting('search_path'), 40), 'acme') FROM ins`, job, kind)
+WITH ins AS (INSERT INTO mirror_job_events (job_id, attempt, kind, data) VALUES ($1, 1, $2, $3::jsonb) RETURNING id)
+SELECT pg_notify('hermes_mirror_' || left(current_setting('search_path'), 40), 'acme') FROM ins`, job, kind, data)
 }
 
 // Through the launcher's proxy the dashboard's event stream arrives as it is written: its
