@@ -285,6 +285,17 @@ func TestGuidelinesJobEndToEnd(t *testing.T) {
 		if progress != len(backend.DemoCategories) || r.kinds()[0] != "start" {
 			t.Fatalf("progress lines: %v", r.kinds())
 		}
+		// Each progress line and the agent's start say what a progress bar counts to: the
+		// manifest's categories.
+		for _, e := range r.events {
+			if e["event"] != "progress" && e["event"] != "agent_start" {
+				continue
+			}
+			data, _ := e["data"].(map[string]any)
+			if total, _ := data["total"].(float64); int(total) != len(backend.DemoCategories) {
+				t.Fatalf("%s line without the total of %d categories: %v", e["event"], len(backend.DemoCategories), e)
+			}
+		}
 		sessions := w.sessions(ctx, "acme")
 		if len(sessions) != 1 || sessions[0].Source != "tool" || sessions[0].MessageCount == 0 {
 			t.Fatalf("state.db sessions: %+v", sessions)

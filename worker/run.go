@@ -102,6 +102,7 @@ type runner struct {
 	bundled     *orghome.Bundled
 	emitMu      sync.Mutex
 	accepts     int
+	total       int // the manifest's categories, once read: progress events state it
 	disabled    []string // skills the cap disabled during this job
 }
 
@@ -311,7 +312,13 @@ func (r *runner) onAccepted(a Accepted) {
 			r.cfg.Log.Error("checkpoint write failed", "job", r.job.ID, "err", err)
 		}
 	}
-	r.emit("progress", map[string]any{"operation": a.Operation, "category": a.Category, "persisted": r.check.Categories()})
+	progress := map[string]any{"operation": a.Operation, "category": a.Category, "persisted": r.check.Categories()}
+	r.emitMu.Lock()
+	if r.total > 0 {
+		progress["total"] = r.total
+	}
+	r.emitMu.Unlock()
+	r.emit("progress", progress)
 }
 
 // runAgent runs the agent, resuming its session while it stops at the turn limit with work
@@ -348,12 +355,20 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 	if err := atomicfile.LoadJSON(filepath.Join(r.ws, "manifest.json"), &manifest); err != nil {
 		return Outcome{Status: "failed", Reason: err.Error()}, nil
 	}
+	r.emitMu.Lock()
+	r.total = len(manifest.Categories)
+	r.emitMu.Unlock()
 	session := ""
 	for run := 0; ; run++ {
 		if out, stop := r.beforeAgentStart(ctx); stop {
 			return out, nil
 		}
-		r.emit("agent_start", map[string]any{"run": run, "resume": session != ""})
+		start := map[string]any{"run": run, "resume": session != ""}
+		if len(manifest.Categories) > 0 {
+			// A checkpointed run: where it stands, and what a progress bar counts to.
+			start["persisted"], start["total"] = r.check.Categories(), len(manifest.Categories)
+		}
+		r.emit("agent_start", start)
 		res, code, err := r.exec(ctx, hermescli.Args(prompt, r.cfg.MaxTurns, session), proxy.Path(), hooks)
 		if ctx.Err() != nil {
 			return Outcome{}, errStopped

@@ -223,7 +223,7 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 			t.Fatalf("the progress reads %q", p)
 		}
 		n, _ := strconv.Atoi(m[1])
-		if f[1] != "" && f[0] != m[1] {
+		if f[0] != m[1] {
 			t.Fatalf("the bar's value %q is not the %d categories its text states", f[0], n)
 		}
 		return n, f
@@ -237,10 +237,9 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 	if eval(`String(window.__noReload)`) != "2" {
 		t.Fatal("the job's page was reloaded rather than updated in place")
 	}
-	if bar[1] == "" {
-		// The worker's events state no total (worker.Run's progress events carry only the
-		// persisted categories), so the page draws an indeterminate bar beside the count.
-		t.Logf("the progress bar is indeterminate (no max, no value): %q then %q", bar, bar2)
+	// The bar counts to the manifest's categories, which the worker's events state.
+	if bar[1] == "" || bar[1] != bar2[1] || bar2[0] != strconv.Itoa(second) {
+		t.Fatalf("the progress bar has no total, or did not advance with the count: %q then %q", bar, bar2)
 	}
 	t.Logf("the guidelines job's progress went from %d to %d categories in place", first, second)
 	jobID := eval(text(`[data-testid="job-id"]`))
