@@ -233,6 +233,9 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 			tail = tail[len(tail)-500:]
 		}
 		log.Warn("worker exited", "status", st.String(), "stderr", string(tail))
+		if out.Reason != "" {
+			return status, out.Reason + " (" + st.String() + ")", nil
+		}
 		return status, st.String(), nil
 	}
 	return status, out.Reason, result

@@ -26,10 +26,12 @@ import (
 //
 // Without HoldStdin the caller may close stdin as soon as the assignment is written, and
 // nothing more is read from it. With HoldStdin the caller keeps stdin open for the whole
-// run, and closing it (EOF) asks the worker to stop, exactly as SIGTERM does: the agent is
-// killed and the job released, not failed, so the stop does not count as an attempt. That
-// is how a job is stopped on a Docker engine, whose execs cannot be signalled. Anything
-// written after the assignment is ignored.
+// run, and closing it (EOF) is the one way to ask the worker to stop: the agent is killed
+// and the job released, not failed, so the stop does not count as an attempt. That is how
+// the dispatcher stops a job (a Docker engine's execs cannot be signalled anyway). A signal
+// to such a worker is not its dispatcher asking: whoever sent it (the agent killing its
+// parent, say), the run ends as a crash (ErrSignalled), the job is not released, and the
+// attempt counts towards MAX_ATTEMPTS. Anything written after the assignment is ignored.
 type Assignment struct {
 	Job            sartiq.Job `json:"job"`
 	OrganizationID string     `json:"organization_id"`
@@ -142,9 +144,19 @@ func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
 	return Outcome{Status: "released", Reason: reason}, nil
 }
 
+// ErrSignalled is the cause of a run ended by a signal its dispatcher did not send (see
+// Assignment): a crash, not a stop.
+var ErrSignalled = errors.New("the worker was signalled by something other than its dispatcher")
+
 // stop releases the job after ctx ended: the worker was asked to stop, which is no fault of
-// the job and must not count as an attempt.
+// the job and must not count as an attempt. A run ended by ErrSignalled is a crash: the job
+// is left as it is (the agent is already killed), to go stale and be re-claimed as a new
+// attempt.
 func (r *runner) stop(ctx context.Context) (Outcome, error) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrSignalled) {
+		r.cfg.Log.Warn("the run was signalled, not stopped by its dispatcher: the job is not released and the attempt counts", "job", r.job.ID, "cause", cause.Error())
+		return Outcome{Status: "crashed", Reason: cause.Error()}, nil
+	}
 	return r.release(ctx, fmt.Sprintf("the host stopped the worker (%v): the job is released to run again", context.Cause(ctx)))
 }
 

@@ -302,31 +302,55 @@ func TestRunJobWithHoldStdinReleasesWhenStdinCloses(t *testing.T) {
 	})
 }
 
-func TestRunJobWithHoldStdinReleasesOnSIGTERM(t *testing.T) {
-	w := newWorld(t, "process")
-	ctx := context.Background()
-	w.knobs("acme", scriptedagent.Knobs{StallAtWrite: 3})
-	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
-	claim, err := w.bot.Claim(ctx, job)
-	if err != nil {
+// With a held stdin only its dispatcher stops the run (by closing stdin): a SIGTERM from
+// anyone else, the agent killing its parent included, is a crash. The job is not released
+// and stays the attempt's, to go stale and be re-claimed, so MAX_ATTEMPTS holds.
+func TestRunJobWithHoldStdinTreatsASignalAsACrash(t *testing.T) {
+	hostile := filepath.Join(t.TempDir(), "agent-that-kills-its-worker")
+	if err := os.WriteFile(hostile, []byte("#!/bin/sh\nkill -TERM $PPID\nexec sleep 30\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	held, hold := io.Pipe()
-	defer hold.Close()
-	watch := watchProgress(2)
-	done := make(chan result, 1)
-	go func() {
-		done <- w.execLive(ctx, "acme", claim, func(a *worker.Assignment) { a.HoldStdin = true }, live{stdin: held, stdout: watch})
-	}()
-	watch.await(t, done)
-	if err := syscall.Kill(runJobPID(t), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		agent []string // HERMES_BIN for the run; none: the scripted agent, signalled by the test
+	}{{name: "SIGTERM from outside"}, {name: "the agent kills its parent", agent: []string{"HERMES_BIN=" + hostile}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "process")
+			ctx := context.Background()
+			w.knobs("acme", scriptedagent.Knobs{StallAtWrite: 3})
+			job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+			claim, err := w.bot.Claim(ctx, job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, hold := io.Pipe()
+			defer hold.Close()
+			watch := watchProgress(2)
+			done := make(chan result, 1)
+			go func() {
+				done <- w.execLive(ctx, "acme", claim, func(a *worker.Assignment) { a.HoldStdin = true }, live{stdin: held, stdout: watch, env: tc.agent})
+			}()
+			if tc.agent == nil {
+				watch.await(t, done)
+				if err := syscall.Kill(runJobPID(t), syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := awaitResult(t, done)
+			if r.err != nil || r.status.Code == 0 || r.outcome.Status != "crashed" || !strings.Contains(r.outcome.Reason, "signalled by something other than its dispatcher") {
+				t.Fatalf("exit %v %v outcome %+v\n%s", r.status, r.err, r.outcome, r.stderr)
+			}
+			if j := w.job(ctx, job); j.Status != sartiq.StatusRunning {
+				t.Fatalf("job status %s, want RUNNING: the attempt is the crashed worker's until it goes stale", j.Status)
+			}
+			if kinds := w.eventKinds(ctx, job); slices.Contains(kinds, sartiq.EventRelease) {
+				t.Fatalf("job log %v: a signalled worker released its job", kinds)
+			}
+			if left := w.agentProcs(t, job); len(left) > 0 {
+				t.Fatalf("agents left running: %v", left)
+			}
+		})
 	}
-	r := awaitResult(t, done)
-	if r.err != nil || r.status.Code != 0 || r.outcome.Status != "released" || !strings.Contains(r.outcome.Reason, "terminated") {
-		t.Fatalf("exit %v %v outcome %+v\n%s", r.status, r.err, r.outcome, r.stderr)
-	}
-	w.requireReleased(ctx, job)
 }
 
 func TestRunJobWithoutHoldStdinCompletesWhenStdinClosesAfterTheAssignment(t *testing.T) {

@@ -64,7 +64,8 @@ func runJobCommand() *cli.Command {
 	return &cli.Command{
 		Name: "run-job",
 		Summary: "run one job end to end: the assignment on stdin, the job token in SARTIQ_TOKEN; " +
-			"progress as JSON lines on stdout; SIGTERM, or EOF on stdin with hold_stdin, releases the job",
+			"progress as JSON lines on stdout; SIGTERM releases the job, except with hold_stdin, where EOF on stdin " +
+				"releases it and a signal is a crash (the attempt counts)",
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.HermesBundledSkills,
@@ -150,9 +151,19 @@ func runJobCommand() *cli.Command {
 					return errors.New("the assignment on stdin names no job or manifest")
 				}
 				if a.HoldStdin {
+					// Only the dispatcher stops this run, by closing stdin; a signal is
+					// someone else (the agent killing its parent, say): a crash.
+					signalled := ctx
 					var stop context.CancelCauseFunc
-					ctx, stop = context.WithCancelCause(ctx)
+					ctx, stop = context.WithCancelCause(context.WithoutCancel(ctx))
 					defer stop(nil)
+					go func() {
+						select {
+						case <-signalled.Done():
+							stop(fmt.Errorf("%w (%v)", worker.ErrSignalled, context.Cause(signalled)))
+						case <-ctx.Done():
+						}
+					}()
 					go func() {
 						// Straight from os.Stdin, not through the limit, which would end in a
 						// false EOF; what the decoder buffered past the assignment is ignored.
