@@ -25,6 +25,7 @@ import (
 
 	"hermeshost/control"
 	"hermeshost/hermescli"
+	"hermeshost/internal/tail"
 	"hermeshost/orghome"
 	"hermeshost/service"
 	"hermeshost/worker"
@@ -546,10 +547,10 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 	if t.Resume {
 		resume = t.SessionID
 	}
-	var tail stderrTail
+	tail := tail.New(4 << 10)
 	res, code, err := hermescli.Launch{
 		Bin: r.cfg.HermesBin, Args: hermescli.Args(t.Message, r.cfg.MaxTurns, resume), Home: r.cfg.Home.Dir,
-		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Stderr: io.MultiWriter(os.Stderr, &tail),
+		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Stderr: io.MultiWriter(os.Stderr, tail),
 	}.Run(ctx, func() { r.update(t, func(s *Turn) { s.State, s.AgentAt = StateRunning, time.Now() }) })
 	return result{res, tail.String()}, code, err
 }
@@ -613,28 +614,6 @@ func (r *Runner) watchState(ctx context.Context, t *turn) <-chan struct{} {
 type result struct {
 	hermescli.Result
 	Stderr string
-}
-
-// stderrTail keeps the last 4 KiB written to it.
-type stderrTail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (w *stderrTail) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	if n := len(w.buf) - 4<<10; n > 0 {
-		w.buf = w.buf[n:]
-	}
-	return len(p), nil
-}
-
-func (w *stderrTail) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return string(w.buf)
 }
 
 // lastLine is the last line of s with text, cut to 500 bytes.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/tail"
 	"hermeshost/lease"
 	"hermeshost/mirror"
 	"hermeshost/sartiq"
@@ -204,15 +206,20 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	delete(d.backoff, c.OrganizationID)
 	d.mu.Unlock()
 	pr, pw := io.Pipe()
-	var stderr bytes.Buffer
+	// The worker's stderr holds the agent's: only its end is kept, however much comes.
+	stderr := tail.New(stderrKept)
 	done := make(chan worker.Outcome, 1)
 	go func() { done <- d.record(ctx, c, kept, claimed, pr) }()
 	st, err := d.cfg.Runtime.Exec(ctx, c.OrganizationID, runtime.Command{
 		Args: []string{"hermes-host", "worker", "run-job"}, Env: env,
-		Stdin: io.MultiReader(bytes.NewReader(assignment), stopReader{dl.stop}), Stdout: pw, Stderr: &stderr,
+		Stdin: io.MultiReader(bytes.NewReader(assignment), stopReader{dl.stop}), Stdout: pw, Stderr: stderr,
 	})
 	pw.Close()
 	out := <-done
+	if n := stderr.Dropped(); n > 0 {
+		d.metrics.outputDropped.WithLabelValues("stderr_bytes").Add(float64(n))
+		log.Warn("the worker's stderr was cut to its end", "dropped_bytes", n)
+	}
 	status := out.Status
 	if len(out.Result) > 0 {
 		result = out.Result
@@ -228,17 +235,39 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 		status = "crashed"
 	}
 	if st.Code != 0 && status == "crashed" {
-		tail := stderr.Bytes()
-		if len(tail) > 500 {
-			tail = tail[len(tail)-500:]
-		}
-		log.Warn("worker exited", "status", st.String(), "stderr", string(tail))
+		// Whatever the agent printed may hold the keys it was given: never logged as is.
+		log.Warn("worker exited", "status", st.String(), "stderr", lastBytes(tail.Redact(stderr.String(), secretsOf(env)...), 500))
 		if out.Reason != "" {
 			return status, out.Reason + " (" + st.String() + ")", nil
 		}
 		return status, st.String(), nil
 	}
 	return status, out.Reason, result
+}
+
+// stderrKept is how much of a worker's stderr the dispatcher keeps: the end, for the log
+// when the worker fails.
+const stderrKept = 4 << 10
+
+// secretsOf are the values of env that are secrets: the job token and the org's keys.
+func secretsOf(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "SARTIQ_TOKEN", "GATEWAY_KEY", "CONTROL_KEY":
+			out = append(out, value)
+		}
+	}
+	return out
+}
+
+// lastBytes is the end of s, at most n bytes, as valid UTF-8.
+func lastBytes(s string, n int) string {
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return strings.ToValidUTF8(s, "")
 }
 
 // workerEnv is the exec environment of run-job: the job token and the org's own keys, never
@@ -262,19 +291,33 @@ func (d *Dispatcher) workerEnv(c *sartiq.Claim) ([]string, error) {
 	return append(env, d.cfg.WorkerEnv...), nil
 }
 
-// record mirrors every JSON progress line of the worker, fenced by the home lease, and
-// returns its outcome.
+// Bounds of what the dispatcher reads of a worker's progress: the lines it mirrors of one
+// run (the outcome is always read and mirrored), and a line's length.
+const (
+	maxProgressLines = 10_000
+	maxProgressLine  = 1 << 20
+)
+
+// record mirrors the JSON progress lines of the worker, fenced by the home lease, and
+// returns its outcome. A flood is cut and counted: past maxProgressLines only the outcome
+// is mirrored, and a line longer than maxProgressLine is skipped.
 func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, r io.Reader) worker.Outcome {
 	var outcome worker.Outcome
-	lines := bufio.NewScanner(r)
-	lines.Buffer(make([]byte, 64<<10), 1<<20)
-	for lines.Scan() {
+	mirrored := 0
+	eachLine(r, maxProgressLine, func() { d.metrics.outputDropped.WithLabelValues("long_lines").Inc() }, func(line []byte) {
 		var ev struct {
 			Event string          `json:"event"`
 			Data  json.RawMessage `json:"data"`
 		}
-		if json.Unmarshal(lines.Bytes(), &ev) != nil || ev.Event == "" {
-			continue
+		if json.Unmarshal(line, &ev) != nil || ev.Event == "" {
+			return
+		}
+		if ev.Event != "outcome" {
+			if mirrored >= maxProgressLines {
+				d.metrics.outputDropped.WithLabelValues("progress_lines").Inc()
+				return
+			}
+			mirrored++
 		}
 		switch ev.Event {
 		case "agent_start":
@@ -302,7 +345,36 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 		if err != nil && ctx.Err() == nil {
 			d.cfg.Log.Warn("mirror progress", "job", c.Job.ID, "err", err)
 		}
-	}
-	_, _ = io.Copy(io.Discard, r)
+	})
 	return outcome
+}
+
+// eachLine calls each with every line of r (without its newline) of at most max bytes,
+// and tooLong for each longer one, which is skipped without being kept; it reads r to its end.
+func eachLine(r io.Reader, max int, tooLong func(), each func([]byte)) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var line []byte
+	long := false
+	for {
+		frag, err := br.ReadSlice('\n')
+		if !long {
+			if len(line)+len(frag) > max+1 { // +1: the newline
+				long, line = true, line[:0]
+			} else {
+				line = append(line, frag...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if long {
+			tooLong()
+		} else if l := bytes.TrimSuffix(line, []byte("\n")); len(l) > 0 {
+			each(l)
+		}
+		line, long = line[:0], false
+		if err != nil {
+			return
+		}
+	}
 }

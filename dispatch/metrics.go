@@ -12,6 +12,7 @@ type metrics struct {
 	attemptMismatch prometheus.Counter
 	claimToAgent    prometheus.Histogram
 	skillsDisabled  prometheus.Counter
+	outputDropped   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "From a claim to its agent's start.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 		skillsDisabled: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_skills_disabled_total",
 			Help: "Authored skills the cap (SKILLS_MAX_AUTHORED) disabled before an agent start, never deleted."}),
+		outputDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_worker_output_dropped_total",
+			Help: "What the dispatcher did not keep of its workers' output: stderr bytes past the kept tail, progress lines past a job's limit or too long."},
+			[]string{"what"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled)
+		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped)
 	}
 	return m
 }

@@ -1,0 +1,175 @@
+package dispatch_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/gateway"
+	"hermeshost/sartiq"
+)
+
+// hostileAgent is a stand-in for the Hermes CLI turned hostile: a shell script given as
+// HERMES_BIN, run by the real worker. Orgs other than acme get the scripted agent.
+func hostileAgent(t *testing.T, script string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "hostile-agent")
+	body := "#!/bin/sh\n[ \"${HERMES_HOME##*/}\" = acme ] || exec scripted-agent \"$@\"\n" + script + "\n"
+	if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// An agent that kills its own worker, every attempt: each run is a crash, not a release,
+// so acme's jobs fail at MAX_ATTEMPTS instead of coming back for ever; globex's complete.
+func TestAnAgentThatKillsItsWorkerFailsItsJobsAtMaxAttempts(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 2
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "kill -TERM $PPID\nexec sleep 30"))
+	ctx := context.Background()
+	for range 20 {
+		st := f.statuses(t)
+		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
+			break
+		}
+		d := f.dispatcher(t)
+		if _, err := d.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Shutdown(time.Minute, time.Minute)
+		f.backend.Clock.Advance(2 * time.Minute) // the signalled workers' jobs go stale
+	}
+	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
+		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
+	}
+	rows, err := f.db.Query(ctx, `SELECT job_id, count(*) FILTER (WHERE outcome = 'crashed' AND reason LIKE '%signalled by something other than its dispatcher%'),
+		count(*) FILTER (WHERE outcome = 'released') FROM claim_attempts WHERE org = 'acme' GROUP BY job_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	jobs := 0
+	for rows.Next() {
+		var job string
+		var signalled, released int
+		if err := rows.Scan(&job, &signalled, &released); err != nil {
+			t.Fatal(err)
+		}
+		jobs++
+		if signalled != 2 || released != 0 {
+			t.Errorf("job %s: %d signalled crashes and %d releases; want MAX_ATTEMPTS=2 crashes and no release", job, signalled, released)
+		}
+	}
+	if jobs != 2 {
+		t.Fatalf("%d acme jobs in claim_attempts", jobs)
+	}
+}
+
+// An agent that writes 1 GiB to stderr: the dispatcher keeps the end of it only (its heap
+// stays far below the flood), counts what it cut, and the job ends with its outcome.
+func TestAGigabyteOnStderrIsCutAndCounted(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	reg := prometheus.NewRegistry()
+	f.cfg.Registerer = reg
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "head -c 1073741824 /dev/zero >&2\necho done"))
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			if m.HeapInuse > peak.Load() {
+				peak.Store(m.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	d := f.dispatcher(t)
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		st := f.statuses(t)
+		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 3 minutes the jobs are %v", st)
+		}
+		if _, err := d.Cycle(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		d.Wait()
+	}
+	close(stop)
+	<-sampled
+	if grew := int64(peak.Load()) - int64(base.HeapInuse); grew > 200<<20 {
+		t.Fatalf("the dispatcher's heap grew by %d MiB while the agent flooded stderr", grew>>20)
+	}
+	if cut := counterValue(t, reg, "hermes_dispatch_worker_output_dropped_total"); cut < 1<<30-(8<<10) {
+		t.Fatalf("%.0f bytes counted as cut, want about 1 GiB", cut)
+	}
+	var outcomes []string
+	rows, err := f.db.Query(context.Background(), `SELECT outcome FROM claim_attempts WHERE org = 'acme'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var o string
+		if err := rows.Scan(&o); err != nil {
+			t.Fatal(err)
+		}
+		outcomes = append(outcomes, o)
+	}
+	if len(outcomes) != 2 || strings.Contains(strings.Join(outcomes, " "), "crashed") {
+		t.Fatalf("acme's runs ended %v: want each with the worker's outcome", outcomes)
+	}
+}
+
+// What an agent prints of the keys it was given never reaches the dispatcher's log: the
+// stderr tail of a worker that died is logged with the job token and the org's keys
+// redacted.
+func TestAWorkersStderrTailIsLoggedWithItsSecretsRedacted(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 1
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, `echo "the key is $HERMES_HOST_GATEWAY_KEY" >&2
+sleep 1 # the worker passes the line on before it dies
+kill -KILL $PPID
+exec sleep 30`))
+	d := f.dispatcher(t)
+	n, err := d.Cycle(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Wait()
+	if n != 2 {
+		t.Fatalf("%d jobs started, want one per org", n)
+	}
+	key, err := gateway.OrgKey("gw-secret", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, "the key is [redacted]") {
+		t.Fatalf("no redacted stderr tail in the log:\n%s", logs)
+	}
+	if strings.Contains(logs, key) {
+		t.Fatal("the org's gateway key reached the dispatcher's log")
+	}
+}
