@@ -10,7 +10,7 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 # embeds them from.
 HTMX := static/vendor/htmx.min.js static/vendor/htmx-ext-sse.min.js
 
-.PHONY: run test build generate lint test-go test-python fuzz bench bench-dashboard images clean
+.PHONY: run test build generate lint test-go test-python fuzz bench bench-dashboard bench-live images clean
 
 ## run: start Postgres if none is given (and Docker when installed), build the images when an engine answers,
 ## migrate, and run the whole product (hermes-host dev): backend with demo jobs, gateway, dispatcher claiming.
@@ -84,6 +84,11 @@ bench: build
 ## 2,000-message transcript), through the launcher's proxy and directly, beside /healthz; about two minutes.
 bench-dashboard:
 	set -o pipefail; HERMES_BENCH_WRK=1 scripts/with-services.sh $(GO) test -count=1 -run '^TestDashboardUnderLoad$$' -v ./web/ | grep -E '^\s+(\||dashboard_load_test)'
+
+## bench-live: the dashboard's live updates (SSE) to 200 streams of a load client in a second process, beside
+## 1, while 300 mirror events are written (20/s): commit-to-arrival p50/p99, CPU and memory; under a minute, no Docker.
+bench-live:
+	set -o pipefail; HERMES_BENCH_SSE=1 WITH_DOCKER=0 scripts/with-services.sh $(GO) test -count=1 -run '^TestLiveUpdatesUnderLoad$$' -v ./web/ | grep -E '^\s+(\||live_load_test)'
 
 clean:
 	rm -rf bin static/vendor
