@@ -61,30 +61,16 @@ func (s *Store) Changes(ctx context.Context, org string, after int64, limit int,
 		defer unsubscribe()
 		wakeups = ch
 	}
-	deadline := time.Now().Add(wait)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	for {
-		evs, err := s.changes(ctx, org, after, limit)
-		if err != nil || len(evs) > 0 {
-			return evs, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return evs, nil
-		}
-		timer.Reset(min(left, s.poll))
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for the lease events of %s: %w", org, context.Cause(ctx))
-		case <-wakeups:
-			if !timer.Stop() {
-				<-timer.C
-			}
-		case <-timer.C:
-		}
+	var evs []Event
+	err := pg.Await(ctx, wakeups, wait, s.poll, func() (bool, error) {
+		var err error
+		evs, err = s.changes(ctx, org, after, limit)
+		return len(evs) > 0, err
+	})
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("wait for the lease events of %s: %w", org, err)
 	}
+	return evs, err
 }
 
 func (s *Store) changes(ctx context.Context, org string, after int64, limit int) ([]Event, error) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"hermeshost/pg"
 )
 
 // Cursor is where a page of jobs ended: the last row's (updated_at, job_id), the keyset the
@@ -137,30 +139,16 @@ func (s *Store) Since(ctx context.Context, org string, after int64, limit int, w
 		defer unsubscribe()
 		wakeups = ch
 	}
-	deadline := time.Now().Add(wait)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	for {
-		events, err := s.since(ctx, org, after, limit)
-		if err != nil || len(events) > 0 {
-			return events, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return events, nil
-		}
-		timer.Reset(min(left, s.poll))
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for the events of %s: %w", org, context.Cause(ctx))
-		case <-wakeups:
-			if !timer.Stop() {
-				<-timer.C
-			}
-		case <-timer.C:
-		}
+	var events []Event
+	err := pg.Await(ctx, wakeups, wait, s.poll, func() (bool, error) {
+		var err error
+		events, err = s.since(ctx, org, after, limit)
+		return len(events) > 0, err
+	})
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("wait for the events of %s: %w", org, err)
 	}
+	return events, err
 }
 
 func (s *Store) since(ctx context.Context, org string, after int64, limit int) ([]Event, error) {

@@ -133,3 +133,35 @@ func (l *Listener) listen(ctx context.Context, started func()) error {
 		l.wake(n.Payload)
 	}
 }
+
+// Await looks until look says it found something (or fails), for at most wait: between
+// looks it sleeps until a wake-up arrives on wakeups (a Listener subscription; nil polls
+// only) or poll passes, since a notification can be missed while the listener reconnects.
+// It returns look's error, or ctx's cause when ctx ends first; nil when wait passed with
+// nothing found.
+func Await(ctx context.Context, wakeups <-chan struct{}, wait, poll time.Duration, look func() (bool, error)) error {
+	deadline := time.Now().Add(wait)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		found, err := look()
+		if err != nil || found {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil
+		}
+		timer.Reset(min(left, poll))
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-wakeups:
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-timer.C:
+		}
+	}
+}

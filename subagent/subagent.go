@@ -515,30 +515,16 @@ func (s *Store) Drain(ctx context.Context, org, id string, wait time.Duration) (
 		defer unsubscribe()
 		wakeups = ch
 	}
-	deadline := time.Now().Add(wait)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	for {
-		box, err := s.drainOnce(ctx, org, id)
-		if err != nil || box.Stop || len(box.Messages) > 0 {
-			return box, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return box, nil
-		}
-		timer.Reset(min(left, s.poll))
-		select {
-		case <-ctx.Done():
-			return Mailbox{}, fmt.Errorf("wait for the mailbox of %s: %w", id, context.Cause(ctx))
-		case <-wakeups:
-			if !timer.Stop() {
-				<-timer.C
-			}
-		case <-timer.C:
-		}
+	var box Mailbox
+	err := pg.Await(ctx, wakeups, wait, s.poll, func() (bool, error) {
+		var err error
+		box, err = s.drainOnce(ctx, org, id)
+		return box.Stop || len(box.Messages) > 0, err
+	})
+	if err != nil && ctx.Err() != nil {
+		return Mailbox{}, fmt.Errorf("wait for the mailbox of %s: %w", id, err)
 	}
+	return box, err
 }
 
 func (s *Store) drainOnce(ctx context.Context, org, id string) (Mailbox, error) {
