@@ -260,6 +260,26 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// cycleWithRestarts runs a new dispatcher for each cycle, each shut down after it (nothing
+// but the backend's log and Postgres carries over), the clock moved on past STALE_AFTER
+// between them so crashed runs' jobs go stale, until no job is queued or running.
+func cycleWithRestarts(t *testing.T, f *fixture) {
+	t.Helper()
+	for range 20 {
+		st := f.statuses(t)
+		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
+			return
+		}
+		d := f.dispatcher(t)
+		if _, err := d.Cycle(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		d.Shutdown(time.Minute, time.Minute)     // a restart: the org leases are given up
+		f.backend.Clock.Advance(2 * time.Minute) // the crashed workers' jobs go stale
+	}
+	t.Fatalf("jobs still queued or running after 20 restarts: %v", f.statuses(t))
+}
+
 func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
 	f := newFixture(t, true)
 	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 3
@@ -268,19 +288,7 @@ func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for range 20 {
-		st := f.statuses(t)
-		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
-			break
-		}
-		// A new dispatcher every cycle: nothing but the backend's log and Postgres carries over.
-		d := f.dispatcher(t)
-		if _, err := d.Cycle(ctx); err != nil {
-			t.Fatal(err)
-		}
-		d.Shutdown(time.Minute, time.Minute)     // a restart: the org leases are given up
-		f.backend.Clock.Advance(2 * time.Minute) // the crashed workers' jobs go stale
-	}
+	cycleWithRestarts(t, f)
 	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
 		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
 	}

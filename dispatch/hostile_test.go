@@ -35,18 +35,7 @@ func TestAnAgentThatKillsItsWorkerFailsItsJobsAtMaxAttempts(t *testing.T) {
 	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 2
 	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "kill -TERM $PPID\nexec sleep 30"))
 	ctx := context.Background()
-	for range 20 {
-		st := f.statuses(t)
-		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
-			break
-		}
-		d := f.dispatcher(t)
-		if _, err := d.Cycle(ctx); err != nil {
-			t.Fatal(err)
-		}
-		d.Shutdown(time.Minute, time.Minute)
-		f.backend.Clock.Advance(2 * time.Minute) // the signalled workers' jobs go stale
-	}
+	cycleWithRestarts(t, f)
 	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
 		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
 	}
