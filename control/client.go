@@ -114,6 +114,17 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	return d, err
 }
 
+// JobNewest is Job with only its newest events (at most n, from 1 to MaxJobEvents): what a
+// view of the job's state now needs (its newest progress and outcome), not its history.
+func (c *Client) JobNewest(ctx context.Context, id string, n int) (JobDetail, error) {
+	var d JobDetail
+	if id == "" {
+		return d, errors.New("control job: empty job id")
+	}
+	err := c.do(ctx, "job", http.MethodGet, "/v1/jobs/"+url.PathEscape(id), url.Values{"events": {strconv.Itoa(n)}}, nil, &d)
+	return d, err
+}
+
 // JobEvents is the org's job events with an id above after, oldest first (a page of at most
 // MaxFeedEvents), waiting up to wait (rounded up to milliseconds; at most the server's
 // maximum) while there are none. Pass the answer's Last as the next after to resume.

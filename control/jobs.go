@@ -119,7 +119,16 @@ func (s *Server) jobShow(w http.ResponseWriter, r *http.Request) {
 		writeNotFound(w, "no such job")
 		return
 	}
-	job, events, truncated, err := s.mirror.Job(r.Context(), orgOf(r), id, MaxJobEvents)
+	most := MaxJobEvents
+	if v := r.URL.Query().Get("events"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxJobEvents {
+			badRequest(w, "events must be an integer from 1 to %d", MaxJobEvents)
+			return
+		}
+		most = n
+	}
+	job, events, truncated, err := s.mirror.Job(r.Context(), orgOf(r), id, most)
 	if errors.Is(err, mirror.ErrNotFound) {
 		writeNotFound(w, "no such job")
 		return

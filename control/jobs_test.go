@@ -99,6 +99,16 @@ func TestJobShowsItsEventsInOrderAndTruncatesToTheNewest(t *testing.T) {
 		}
 	}
 
+	// ?events=N: only the newest N.
+	var newest JobDetail
+	a.GET("/v1/jobs/{id}", "long").WithQuery("events", 2).Expect().Status(http.StatusOK).JSON().Decode(&newest)
+	if !newest.Truncated || len(newest.Events) != 2 || string(newest.Events[1].Data) != fmt.Sprintf(`{"n":%d}`, MaxJobEvents+3) {
+		t.Fatalf("the newest 2: %+v", newest)
+	}
+	for _, bad := range []any{0, -1, MaxJobEvents + 1, "x"} {
+		a.GET("/v1/jobs/{id}", "long").WithQuery("events", bad).Expect().Status(http.StatusBadRequest)
+	}
+
 	short := a.GET("/v1/jobs/{id}", "short").Expect().Status(http.StatusOK).JSON().Object()
 	short.HasValue("truncated", false)
 	ev := short.Value("events").Array()

@@ -203,7 +203,7 @@ func (h *Chat) runningJobs(r *http.Request) ([]templates.ChatJobRow, string) {
 			ID: j.ID, Type: j.Type, Status: j.Status, Attempt: j.Attempt, Updated: shownTime(j.UpdatedAt),
 			Link: h.Paths().Page("/jobs/" + url.PathEscape(j.ID)),
 		}
-		if d, err := h.Control.Job(ctx, j.ID); err == nil {
+		if d, err := h.Control.JobNewest(ctx, j.ID, liveJobEvents); err == nil {
 			for _, e := range d.Events {
 				var data jobEventData
 				if json.Unmarshal(e.Data, &data) == nil && data.Persisted != nil {

@@ -153,6 +153,11 @@ type LiveFragment struct {
 	HTML  string
 }
 
+// liveJobEvents is how many of a job's newest events a live render reads: enough for its
+// newest progress and its outcome (every progress event states all that was persisted and
+// the total), not its history, which grows with the job.
+const liveJobEvents = 20
+
 // LiveJobs renders what the live stream sends for a page of the org's job events (oldest
 // first): each event's row for its job's page, and after a job's last event in the page
 // its list row and its page's head (status, outcome, progress), read once from the control
@@ -176,7 +181,7 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 			continue
 		}
 		sctx, cancel := h.source(ctx)
-		d, err := h.Control.Job(sctx, e.JobID)
+		d, err := h.Control.JobNewest(sctx, e.JobID, liveJobEvents)
 		cancel()
 		if err != nil {
 			h.Log.Warn("dashboard: live job from the control API", "org", h.Org, "job", e.JobID, "err", err)
