@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"hermeshost/mirror"
+	"hermeshost/service"
 )
 
 // MaxFeedEvents is the most events one GET /v1/jobs/events returns.
@@ -167,6 +168,9 @@ func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait = millis(ms)
+	}
+	if wait > 0 {
+		service.LongAnswer(w) // the wait may outlast the server's read timeout
 	}
 	events, err := s.mirror.Since(r.Context(), orgOf(r), after, MaxFeedEvents, wait)
 	if err != nil {

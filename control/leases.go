@@ -127,6 +127,7 @@ func (s *Server) leaseAcquire(w http.ResponseWriter, r *http.Request) {
 	if wait == 0 {
 		l, err = s.cfg.Leases.TryAcquire(r.Context(), key.stored, req.Holder, ttl)
 	} else {
+		service.LongAnswer(w) // the wait may outlast the server's read timeout
 		wctx, cancel := context.WithTimeout(r.Context(), wait)
 		l, err = s.cfg.Leases.Acquire(wctx, key.stored, req.Holder, ttl)
 		waitOver := wctx.Err() != nil && r.Context().Err() == nil
@@ -508,6 +509,9 @@ func (s *Server) leaseChanges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	org := orgOf(r)
+	if wait > 0 {
+		service.LongAnswer(w) // the wait may outlast the server's read timeout
+	}
 	evs, err := s.cfg.Leases.Changes(r.Context(), org, after, MaxLeaseChanges, wait)
 	if err != nil {
 		s.internal(w, r, err)

@@ -220,6 +220,9 @@ func (s *Server) subagentMailbox(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = millis(ms)
 	}
+	if wait > 0 {
+		service.LongAnswer(w) // the wait may outlast the server's read timeout
+	}
 	box, err := s.cfg.Subagents.Drain(r.Context(), orgOf(r), subagentID(r), wait)
 	if err != nil {
 		s.subagentError(w, r, err)

@@ -197,6 +197,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, endpoint, target 
 		}
 	}
 
+	// The body is read; a model may take minutes to answer, streamed or not.
+	service.LongAnswer(w)
 	resp, outcome := s.roundTrip(w, r, endpoint, target, body)
 	if resp == nil {
 		return outcome, caller

@@ -67,6 +67,25 @@ func WriteError(w http.ResponseWriter, status int, code, message string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "message": message})
 }
 
+// timeouts bound every server's connections, so that a slow client cannot hold one: the
+// request's headers and then its body must arrive in time, the answer be written in time,
+// and an idle keep-alive connection is closed. A handler that answers for long (an event
+// stream, a long-poll, a model's completion) lifts the read and write bounds for its
+// request with LongAnswer, once it has read the body.
+var timeouts = struct{ readHeader, read, write, idle time.Duration }{
+	readHeader: 10 * time.Second, read: 30 * time.Second, write: 2 * time.Minute, idle: 2 * time.Minute,
+}
+
+// LongAnswer lifts the server's read and write timeouts for this request: for a handler
+// that has read its body and answers for longer than the write timeout, or waits past the
+// read timeout (which would otherwise end the request's context). Its own writes may still
+// set deadlines of their own (an event stream does, per write).
+func LongAnswer(w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+}
+
 type shutdownKey struct{}
 
 // ShuttingDown is closed when the server that took the request begins to shut down. A
@@ -97,7 +116,10 @@ func Listen(name, addr string, h http.Handler, log *slog.Logger, grace time.Dura
 		name: name, ln: ln, log: log, grace: grace,
 		srv: &http.Server{
 			Handler:           h,
-			ReadHeaderTimeout: 10 * time.Second,
+			ReadHeaderTimeout: timeouts.readHeader,
+			ReadTimeout:       timeouts.read,
+			WriteTimeout:      timeouts.write,
+			IdleTimeout:       timeouts.idle,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 			BaseContext: func(net.Listener) context.Context {
 				return context.WithValue(context.Background(), shutdownKey{}, down)

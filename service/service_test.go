@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -310,5 +311,101 @@ func TestStreamsEndWhenTheServerShutsDown(t *testing.T) {
 	}
 	if ShuttingDown(context.Background()) != nil {
 		t.Fatal("a context of no server says it is shutting down")
+	}
+}
+
+// withTimeouts shortens the servers' timeouts for one test.
+func withTimeouts(t *testing.T, read, write time.Duration) {
+	saved := timeouts
+	timeouts.read, timeouts.write = read, write
+	t.Cleanup(func() { timeouts = saved })
+}
+
+// A request whose body trickles in is cut off by the read timeout: its handler's read
+// fails and the connection is closed, so a slow client holds no connection for long.
+func TestASlowBodyIsCutOffByTheReadTimeout(t *testing.T) {
+	withTimeouts(t, 300*time.Millisecond, time.Minute)
+	readErr := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadAll(r.Body)
+		readErr <- err
+	})
+	srv, err := Listen("slow", "127.0.0.1:0", h, slog.New(slog.DiscardHandler), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = srv.Serve(ctx) }()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nfirst bytes"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case err := <-readErr:
+		if err == nil {
+			t.Fatal("the handler read a body that never finished arriving")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow body was not cut off")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("cut off after %s, the read timeout is 300 ms", took)
+	}
+	// And the server closed the connection.
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(conn); err != nil {
+		t.Fatalf("the connection was not closed: %v", err)
+	}
+}
+
+// A handler that answers for long lifts the timeouts with LongAnswer: its stream outlives
+// both, its request's context stays alive; one that does not is ended by them.
+func TestALongAnswerOutlivesTheTimeouts(t *testing.T) {
+	withTimeouts(t, 200*time.Millisecond, 300*time.Millisecond)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/long" {
+			LongAnswer(w)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for i := range 8 {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	})
+	srv, err := Listen("long", "127.0.0.1:0", h, slog.New(slog.DiscardHandler), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = srv.Serve(ctx) }()
+	lines := func(path string) int {
+		resp, err := http.Get(srv.URL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Count(string(b), "data: ")
+	}
+	if n := lines("/long"); n != 8 {
+		t.Fatalf("the long answer sent %d of its 8 lines", n)
+	}
+	if n := lines("/short"); n >= 8 {
+		t.Fatalf("without LongAnswer the answer sent all %d lines past the timeouts", n)
 	}
 }

@@ -110,6 +110,10 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	r.NotFound(notFound(pages))
 	r.Group(func(r chi.Router) {
 		r.Use(SecurityHeaders, Recoverer(pages))
+		if cfg.SecureCookie {
+			// Served over HTTPS (the cookie says so): browsers keep to HTTPS for a year.
+			r.Use(strictTransport)
+		}
 		MountStatic(r, "")
 		r.Get("/orgs/{org}/static/*", proxy.static)
 		// Browsers ask for it on every site; there is none, and saying so is no error.
@@ -135,6 +139,15 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 	l := &Launcher{handler: r, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.cleanup(cfg.DB, ops)
 	return l, nil
+}
+
+// strictTransport sends HSTS, so a browser that has seen the launcher over HTTPS never
+// sends its login cookie over plain HTTP.
+func strictTransport(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Strict-Transport-Security", "max-age=31536000")
+		next.ServeHTTP(w, r)
+	})
 }
 
 // sessionCleanup is how often expired sessions are deleted (a session past its expiry is

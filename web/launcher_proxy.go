@@ -159,6 +159,7 @@ func (p *dashboardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 		// A stream lasts as long as the page: it ends when the launcher shuts down, so
 		// that draining waits only for requests that end by themselves.
+		service.LongAnswer(w)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()

@@ -317,3 +317,12 @@ func TestAnIdleLoginSessionEndsAndUseIsWrittenSparingly(t *testing.T) {
 		t.Fatalf("%d login sessions after the idle timeout, want it ended", n)
 	}
 }
+
+// Over HTTPS (a Secure cookie) the launcher tells browsers to keep to HTTPS; on a local
+// plain-HTTP run it does not, which would lock a browser out of it.
+func TestTheLauncherSendsHSTSOnlyWithASecureCookie(t *testing.T) {
+	secure := newLauncherFixture(t, func(c *web.LauncherConfig) { c.SecureCookie = true })
+	secure.browser().GET("/login").Expect().Status(http.StatusOK).Header("Strict-Transport-Security").IsEqual("max-age=31536000")
+	plain := newLauncherFixture(t, nil)
+	plain.browser().GET("/login").Expect().Status(http.StatusOK).Header("Strict-Transport-Security").IsEmpty()
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"hermeshost/service"
 )
 
 // sseStream is an open response of server-sent events: each write has its own deadline
@@ -17,6 +19,7 @@ type sseStream struct {
 // openSSE answers 200 with the event stream's headers and its retry line (how long a
 // browser waits before it reconnects); false when the client is already gone.
 func openSSE(w http.ResponseWriter, retry, timeout time.Duration) (*sseStream, bool) {
+	service.LongAnswer(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)

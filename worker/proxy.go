@@ -78,14 +78,17 @@ type socketServer struct {
 	done chan struct{}
 }
 
-// serveSocket serves h on socket (0600; an old socket file is replaced). No WriteTimeout:
-// a hook's mailbox drain may wait (the control API bounds it).
+// serveSocket serves h on socket (0600; an old socket file is replaced). A request's body
+// must arrive within 30 s and an idle connection is closed after 2 minutes; no write
+// timeout: a hook's mailbox drain may wait (the control API bounds it).
 func serveSocket(socket, what string, h http.Handler) (*socketServer, error) {
 	ln, err := listenSocket(socket, what)
 	if err != nil {
 		return nil, err
 	}
-	s := &socketServer{path: socket, done: make(chan struct{}), srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+	s := &socketServer{path: socket, done: make(chan struct{}), srv: &http.Server{
+		Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+	}}
 	go func() {
 		defer close(s.done)
 		_ = s.srv.Serve(ln)

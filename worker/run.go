@@ -104,7 +104,7 @@ type runner struct {
 	bundled     *orghome.Bundled
 	emitMu      sync.Mutex
 	accepts     int
-	total       int // the manifest's categories, once read: progress events state it
+	total       int      // the manifest's categories, once read: progress events state it
 	disabled    []string // skills the cap disabled during this job
 }
 
