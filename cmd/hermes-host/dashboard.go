@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-
 	"hermeshost/chat"
 	"hermeshost/cli"
 	"hermeshost/config"
