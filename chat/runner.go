@@ -529,6 +529,10 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 		return result{}, 0, fmt.Errorf("%w: another agent is running on this home", err)
 	}
 	defer lock.Unlock() //nolint:errcheck // the kernel drops it with the process anyway
+	// As before a job's agent: the block the last agent may have edited, put right.
+	if _, err := r.cfg.Home.EnsureSoul(orghome.Identity{OrgID: r.cfg.Org, DisplayName: r.cfg.Org}); err != nil {
+		return result{}, 0, fmt.Errorf("ensure SOUL.md: %w", err)
+	}
 	if _, err := r.cfg.Home.EnsureAgentSetup(hermescli.Setup(r.cfg.GatewayURL, r.cfg.Model, r.cfg.BundledSkills, r.cfg.Plugin)); err != nil {
 		return result{}, 0, err
 	}

@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -540,4 +544,78 @@ func TestCrashedAgentLeavesTheJobForRecovery(t *testing.T) {
 			t.Fatalf("proposals before the crash: %v", got)
 		}
 	})
+}
+
+// SOUL.md's generated block is put right before every agent start, a resumed run's too: a
+// wrapper agent (a stand-in for a Hermes that turned on its own identity) overwrites
+// SOUL.md on its first run, which stops at the turn limit; the resumed run finds the block
+// restored.
+func TestAResumedRunStartsWithTheSoulBlockRestored(t *testing.T) {
+	w := newWorld(t, "process")
+	ctx := context.Background()
+	w.knobs("acme", scriptedagent.Knobs{StopAfterWrites: 2})
+	agent := filepath.Join(t.TempDir(), "agent-that-rewrites-its-soul")
+	script := `#!/bin/sh
+case " $* " in
+*" --resume "*) cp "$HERMES_HOME/SOUL.md" "$HERMES_HOME/soul-at-resume.md" ;;
+*) printf 'I am someone else now.\n' > "$HERMES_HOME/SOUL.md" ;;
+esac
+exec "` + filepath.Join(binDir, "scripted-agent") + `" "$@"
+`
+	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+	claim, err := w.bot.Claim(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.execLive(ctx, "acme", claim, nil, live{env: []string{"HERMES_BIN=" + agent}})
+	if r.outcome.Status != "completed" || !slices.Contains(r.kinds(), "resume") {
+		t.Fatalf("outcome %+v, events %v\n%s", r.outcome, r.kinds(), r.stderr)
+	}
+	seen, err := os.ReadFile(filepath.Join(w.home("acme"), "soul-at-resume.md"))
+	if err != nil {
+		t.Fatalf("the resumed run did not record SOUL.md: %v", err)
+	}
+	want := orghome.RenderSoulBlock(orghome.Identity{OrgID: "acme", DisplayName: "acme"})
+	if !strings.HasPrefix(string(seen), want) {
+		t.Fatalf("the resumed run started with SOUL.md:\n%s\nwant it to begin with the generated block:\n%s", seen, want)
+	}
+}
+
+// A backend reached under a path prefix (SARTIQ_API_URL=http://host/api): the guidelines
+// job completes, its writes seen by the checkpoint and the completion gate.
+func TestAGuidelinesJobThroughABackendUnderAPathPrefixCompletes(t *testing.T) {
+	w := newWorld(t, "process")
+	ctx := context.Background()
+	target, err := url.Parse(w.backend.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	under := httptest.NewServer(http.StripPrefix("/api", httputil.NewSingleHostReverseProxy(target)))
+	t.Cleanup(under.Close)
+	job := w.backend.DemoJob(t, "acme", sartiq.TypeGuidelinesExtraction)
+	claim, err := w.bot.Claim(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As a backend served under the prefix names it.
+	claim.ManifestURL = under.URL + "/api" + strings.TrimPrefix(claim.ManifestURL, w.backend.URL)
+	r := w.execLive(ctx, "acme", claim, nil, live{env: []string{"SARTIQ_API_URL=" + under.URL + "/api"}})
+	if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
+		t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
+	}
+	if got := w.guidelines(ctx, job); !slices.Equal(got, sorted(backend.DemoCategories)) {
+		t.Fatalf("proposals: %v", got)
+	}
+	progress := 0
+	for _, k := range r.kinds() {
+		if k == "progress" {
+			progress++
+		}
+	}
+	if progress != len(backend.DemoCategories) {
+		t.Fatalf("the checkpoint saw %d accepted writes, want %d: %v", progress, len(backend.DemoCategories), r.kinds())
+	}
 }

@@ -133,3 +133,51 @@ func TestCheckpointIsDurableAndStrict(t *testing.T) {
 		t.Fatalf("loading changed the file: %q", b)
 	}
 }
+
+// With the API under a base path (SARTIQ_API_URL=https://host/api/v2) the proxy still
+// forwards below it and still recognises the accepted writes.
+func TestTokenProxyUnderABasePathReportsAcceptedWrites(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.Path)
+		mu.Unlock()
+		w.Write([]byte(`{"ok":true}`)) //nolint:errcheck
+	}))
+	defer backend.Close()
+	api, _ := url.Parse(backend.URL + "/api/v2/")
+	socket := filepath.Join(t.TempDir(), "sartiq.sock")
+	var accepted []Accepted
+	proxy, err := StartTokenProxy(socket, api, "job-token-secret", slog.New(slog.DiscardHandler), func(a Accepted) {
+		mu.Lock()
+		accepted = append(accepted, a)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := unixClient(socket)
+	for _, req := range []struct{ method, path string }{
+		{"PUT", "/organizations/acme/guidelines/typography/proposal"},
+		{"POST", "/organizations/acme/product-proposals"},
+	} {
+		r, _ := http.NewRequest(req.method, "http://sartiq"+req.path, strings.NewReader("{}"))
+		resp, err := c.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+	}
+	c.CloseIdleConnections()
+	if err := proxy.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 2 || seen[0] != "/api/v2/organizations/acme/guidelines/typography/proposal" {
+		t.Fatalf("the backend saw %q", seen)
+	}
+	if len(accepted) != 2 || accepted[0] != (Accepted{"proposeGuidelines", "typography"}) || accepted[1].Operation != "proposeProducts" {
+		t.Fatalf("accepted writes under a base path: %+v", accepted)
+	}
+}

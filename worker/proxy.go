@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strings"
 	"time"
 
 	"hermeshost/service"
@@ -38,6 +39,7 @@ var productsPath = regexp.MustCompile(`^/organizations/[a-z0-9][a-z0-9-]{0,62}/p
 // forwards to api. accepted, if set, hears of every write surface call the backend
 // answered with 2xx.
 func StartTokenProxy(socket string, api *url.URL, token service.Secret, log *slog.Logger, accepted func(Accepted)) (*TokenProxy, error) {
+	base := strings.TrimSuffix(api.Path, "/")
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(api)
@@ -48,11 +50,17 @@ func StartTokenProxy(socket string, api *url.URL, token service.Secret, log *slo
 			if accepted == nil || resp.StatusCode < 200 || resp.StatusCode > 299 {
 				return nil
 			}
+			// The request as it went out: below the API's base path (SARTIQ_API_URL may be
+			// https://host/api), which the surface paths do not include.
 			req := resp.Request
+			path, ok := strings.CutPrefix(req.URL.Path, base)
+			if !ok {
+				return nil
+			}
 			switch {
-			case req.Method == http.MethodPut && guidelinesPath.MatchString(req.URL.Path):
-				accepted(Accepted{Operation: "proposeGuidelines", Category: guidelinesPath.FindStringSubmatch(req.URL.Path)[1]})
-			case req.Method == http.MethodPost && productsPath.MatchString(req.URL.Path):
+			case req.Method == http.MethodPut && guidelinesPath.MatchString(path):
+				accepted(Accepted{Operation: "proposeGuidelines", Category: guidelinesPath.FindStringSubmatch(path)[1]})
+			case req.Method == http.MethodPost && productsPath.MatchString(path):
 				accepted(Accepted{Operation: "proposeProducts"})
 			}
 			return nil

@@ -239,9 +239,6 @@ func (r *runner) prepare(ctx context.Context) error {
 	if err := atomicfile.Write(filepath.Join(ws, "manifest.json"), doc, 0o600); err != nil {
 		return err
 	}
-	if _, err := r.home.EnsureSoul(orghome.Identity{OrgID: r.cfg.Org, DisplayName: r.cfg.Org}); err != nil {
-		return fmt.Errorf("ensure SOUL.md: %w", err)
-	}
 	if r.cfg.SartiqBin == "" {
 		if r.cfg.SartiqBin, err = linkSartiq(ws); err != nil {
 			return err
@@ -428,6 +425,11 @@ func (r *runner) runAgent(ctx context.Context) (Outcome, error) {
 // home may have changed in between. It returns the job's outcome when the job cannot go on:
 // a config.yaml that does not parse fails it with the file and line, untouched.
 func (r *runner) beforeAgentStart(ctx context.Context) (Outcome, bool) {
+	// Every start, a resumed run's too: the agent of the run before may have edited the
+	// generated block.
+	if _, err := r.home.EnsureSoul(orghome.Identity{OrgID: r.cfg.Org, DisplayName: r.cfg.Org}); err != nil {
+		return Outcome{Status: "crashed", Reason: "ensure SOUL.md: " + err.Error()}, true
+	}
 	_, err := r.home.EnsureAgentSetup(hermescli.Setup(r.cfg.GatewayURL, r.cfg.Model, r.cfg.BundledSkills, r.cfg.Plugin))
 	var cfgErr *orghome.ConfigError
 	switch {
