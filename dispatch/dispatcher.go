@@ -478,8 +478,36 @@ func (d *Dispatcher) claim(ctx context.Context, org string, job sartiq.Job) (boo
 		return false, fmt.Errorf("claim job %s: %w", job.ID, err)
 	}
 	d.metrics.claims.WithLabelValues("claim").Inc()
+	if d.wrongOrg(ctx, org, c) {
+		d.giveBack(org, dl)
+		return false, nil
+	}
 	d.start(ctx, dl, c, "claim")
 	return true, nil
+}
+
+// wrongOrg checks that a claim answered for the org the dispatcher reserved (its slot,
+// its home lease): one that names another org is released at once with its own token,
+// unrun and logged, and the caller frees the reservation. The org's work is never run in
+// another org's home.
+func (d *Dispatcher) wrongOrg(ctx context.Context, org string, c *sartiq.Claim) bool {
+	if c.OrganizationID == org && c.Job.OrganizationID == org {
+		return false
+	}
+	reason := fmt.Sprintf("the claim answered for organization %q (job's %q), not %q, which the dispatcher reserved: released unrun",
+		c.OrganizationID, c.Job.OrganizationID, org)
+	d.metrics.wrongOrg.Inc()
+	d.cfg.Log.Error("claim for the wrong organization", "job", c.Job.ID, "reserved", org, "claimed_org", c.OrganizationID, "job_org", c.Job.OrganizationID)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err == nil {
+		_, err = api.Release(rctx, c.Job.ID, reason)
+	}
+	if err != nil {
+		d.cfg.Log.Warn("release a claim for the wrong organization", "job", c.Job.ID, "err", err)
+	}
+	return true
 }
 
 // giveBack ends org's hold on a run, claimed or not: the home lease is released and the

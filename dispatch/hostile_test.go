@@ -1,10 +1,18 @@
 package dispatch_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +22,7 @@ import (
 
 	"hermeshost/gateway"
 	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend/backendtest"
 )
 
 // hostileAgent is a stand-in for the Hermes CLI turned hostile: a shell script given as
@@ -161,4 +170,64 @@ exec sleep 30`))
 	if strings.Contains(logs, key) {
 		t.Fatal("the org's gateway key reached the dispatcher's log")
 	}
+}
+
+// A backend that answers a claim for another organization than the one the dispatcher
+// reserved (a bug or a compromise upstream): the claim is released unrun with its own
+// token and logged, acme's reservation is freed, and its job runs on the next cycle.
+func TestAClaimForAnotherOrgIsReleasedAndTheReservedOrgRunsAgain(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	target, err := url.Parse(f.backend.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rewritten atomic.Int32
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if !strings.HasSuffix(resp.Request.URL.Path, "/claim") || resp.StatusCode != http.StatusOK || rewritten.Load() > 0 {
+			return nil
+		}
+		var c map[string]any
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(body, &c); err != nil || c["organization_id"] != "acme" {
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+			return nil
+		}
+		rewritten.Add(1)
+		c["organization_id"] = "globex"
+		body, _ = json.Marshal(c)
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		return nil
+	}
+	lying := httptest.NewServer(proxy)
+	t.Cleanup(lying.Close)
+	bot, err := sartiq.New(lying.URL, backendtest.BotToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Workers reach the API through it too: manifests are named under the address a claim
+	// came through.
+	f.cfg.Bot, f.cfg.APIURL = bot, lying.URL
+	d := f.dispatcher(t)
+	if _, err := d.Cycle(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	d.Wait()
+	if rewritten.Load() != 1 {
+		t.Fatal("no claim of acme's was answered for another org: the test proved nothing")
+	}
+	if !strings.Contains(f.logs.String(), "claim for the wrong organization") {
+		t.Fatalf("the wrong-org claim was not logged:\n%s", f.logs.String())
+	}
+	var released int
+	if err := f.backend.DB.QueryRow(t.Context(), `SELECT count(*) FROM agent_job_events e JOIN agent_jobs j ON j.id = e.job_id
+		WHERE j.organization_id = 'acme' AND e.kind = 'release'`).Scan(&released); err != nil || released != 1 {
+		t.Fatalf("%d releases of acme's jobs (%v), want the wrong-org claim's", released, err)
+	}
+	cycleUntilDone(t, f, d, 2*time.Minute)
 }

@@ -13,6 +13,7 @@ type metrics struct {
 	claimToAgent    prometheus.Histogram
 	skillsDisabled  prometheus.Counter
 	outputDropped   *prometheus.CounterVec
+	wrongOrg        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -38,9 +39,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		outputDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_worker_output_dropped_total",
 			Help: "What the dispatcher did not keep of its workers' output: stderr bytes past the kept tail, progress lines past a job's limit or too long."},
 			[]string{"what"}),
+		wrongOrg: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_wrong_org_claims_total",
+			Help: "Claims the backend answered for another organization than the one reserved, released unrun."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped)
+		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg)
 	}
 	return m
 }

@@ -48,6 +48,10 @@ func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (b
 		return false, fmt.Errorf("re-claim job %s: %w", job.ID, err)
 	}
 	d.metrics.claims.WithLabelValues("reclaim").Inc()
+	if d.wrongOrg(ctx, org, c) {
+		d.giveBack(org, dl)
+		return false, nil
+	}
 	// The stale attempt's worker is gone (its token is void now), and with it every
 	// subagent it started: fail them before the next attempt starts its own.
 	d.failSubagents(ctx, org, job.ID, fmt.Sprintf("the worker of job %s died: attempt %d went stale and was re-claimed", job.ID, job.Attempt))
