@@ -75,9 +75,12 @@ func parseReceiptName(name string) (seq int, replaced time.Time, ok bool) {
 // Receipts lists the kept previous versions of the file at path, newest
 // first. A file that never had a receipt has none, and that is not an error.
 // Files in the receipt directory that do not look like receipts are ignored.
+//
+// The receipts folder must be a folder of its own: one planted as a symbolic link (to
+// another org's home, say) is an error naming it, and nothing is listed through it.
 func Receipts(path string) ([]Receipt, error) {
 	dir := receiptDir(path)
-	entries, err := os.ReadDir(dir)
+	entries, err := readReceiptDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -132,6 +135,34 @@ func Restore(path string, r Receipt, opts ...Option) error {
 	return nil
 }
 
+// ErrReceiptsNotAFolder says a file's receipts folder is a symbolic link or another kind
+// of file: receipts are neither kept nor listed through it.
+var ErrReceiptsNotAFolder = errors.New("the receipts folder is not a folder (a symbolic link?): refusing to use it")
+
+// readReceiptDir lists dir, a receipts folder, through an os.Root at its parent, and only
+// when it is a real folder there.
+func readReceiptDir(dir string) ([]fs.DirEntry, error) {
+	root, err := os.OpenRoot(filepath.Dir(dir))
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	name := filepath.Base(dir)
+	info, err := root.Lstat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !info.IsDir() {
+		return nil, fmt.Errorf("%s: %w", dir, ErrReceiptsNotAFolder)
+	}
+	d, err := root.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.ReadDir(-1)
+}
+
 func readReceipt(path string) ([]byte, fs.FileMode, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -178,6 +209,13 @@ func (c *writeConfig) keepReceipt(path string) (string, error) {
 		}
 	case !errors.Is(err, fs.ErrExist):
 		return "", err
+	default:
+		// There already: it must be a folder, not a link planted to lead receipts out.
+		if info, err := os.Lstat(dir); err != nil {
+			return "", err
+		} else if !info.IsDir() {
+			return "", fmt.Errorf("%s: %w", dir, ErrReceiptsNotAFolder)
+		}
 	}
 	existing, err := Receipts(path)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -299,5 +300,71 @@ func TestPruneFailureSaysTheNewContentIsInPlace(t *testing.T) {
 	want := []string{string(numbered(3)), string(numbered(2)), string(numbered(1))}
 	if got := receiptContents(t, path); !slices.Equal(got, want) {
 		t.Fatalf("receipts %q, want %q", got, want)
+	}
+}
+
+// snapshotDir is every file below dir with its bytes, for comparing before and after.
+func snapshotDir(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		out[p] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A receipts folder planted as a symbolic link to another org's home: the write fails
+// naming it, nothing is linked into, listed in or pruned from the other home (its files and
+// bytes as they were), and the file itself is not replaced.
+func TestAPlantedReceiptsLinkIsRefusedAndLeadsNowhere(t *testing.T) {
+	root := t.TempDir()
+	acme, globex := filepath.Join(root, "acme"), filepath.Join(root, "globex")
+	for _, d := range []string{acme, globex} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// globex's home holds what looks like receipts, which a prune would delete.
+	for _, name := range []string{"SOUL.md", "000001-20260101T000000Z", "000002-20260102T000000Z"} {
+		if err := os.WriteFile(filepath.Join(globex, name), []byte("globex "+name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := snapshotDir(t, globex)
+	target := filepath.Join(acme, "config.yaml")
+	if err := Write(target, []byte("v1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, link := range []string{globex, ".", "../globex"} {
+		if err := os.Symlink(link, filepath.Join(acme, ".config.yaml.receipts")); err != nil {
+			t.Fatal(err)
+		}
+		err := Write(target, []byte("v2 through "+link), 0o600, WithReceipts(1))
+		if !errors.Is(err, ErrReceiptsNotAFolder) || !strings.Contains(err.Error(), ".config.yaml.receipts") {
+			t.Fatalf("a receipts link to %s: %v", link, err)
+		}
+		if _, err := Receipts(target); !errors.Is(err, ErrReceiptsNotAFolder) {
+			t.Fatalf("receipts listed through a link to %s: %v", link, err)
+		}
+		if got, _ := os.ReadFile(target); string(got) != "v1" {
+			t.Fatalf("the file was replaced all the same: %q", got)
+		}
+		if err := os.Remove(filepath.Join(acme, ".config.yaml.receipts")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := snapshotDir(t, globex); !maps.Equal(before, after) {
+		t.Fatalf("globex's home changed:\n%v\n%v", before, after)
+	}
+	if entries, _ := os.ReadDir(acme); len(entries) != 1 {
+		t.Fatalf("acme's home holds %d entries, want config.yaml alone (no temp file left)", len(entries))
 	}
 }

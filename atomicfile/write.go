@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -92,6 +93,15 @@ const (
 
 func (c *writeConfig) write(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
+	if _, onDisk := c.fsys.(osFileSystem); onDisk {
+		rooted, err := openRooted(dir)
+		if err != nil {
+			return &WriteError{Path: path, Op: opCreateTemp, Err: err}
+		}
+		defer rooted.root.Close()
+		c.fsys = rooted
+		defer func() { c.fsys = osFileSystem{} }()
+	}
 	tmp := filepath.Join(dir, "."+filepath.Base(path)+".tmp-"+strconv.FormatUint(rand.Uint64(), 36))
 	f, err := c.fsys.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
@@ -257,6 +267,8 @@ type file interface {
 	Close() error
 }
 
+// osFileSystem stands for the real disk; a write replaces it with a rootedFS at the
+// written file's folder.
 type osFileSystem struct{}
 
 func (osFileSystem) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
@@ -267,6 +279,95 @@ func (osFileSystem) Rename(oldpath, newpath string) error      { return os.Renam
 func (osFileSystem) Link(oldname, newname string) error        { return os.Link(oldname, newname) }
 func (osFileSystem) Remove(name string) error                  { return os.Remove(name) }
 func (osFileSystem) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }
+
+// rootedFS is the disk as a write sees it: every operation goes through an os.Root at the
+// written file's folder, so that no symbolic link (a receipts folder planted as a link to
+// another org's home, say) takes a write, a link or a removal out of that folder.
+type rootedFS struct {
+	dir  string
+	root *os.Root
+}
+
+func openRooted(dir string) (*rootedFS, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &rootedFS{dir: dir, root: root}, nil
+}
+
+// rel is name below the folder; a name outside it is refused.
+func (r *rootedFS) rel(name string) (string, error) {
+	rel, err := filepath.Rel(r.dir, name)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is outside the folder %s", name, r.dir)
+	}
+	return rel, nil
+}
+
+func (r *rootedFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
+	rel, err := r.rel(name)
+	if err != nil {
+		return nil, err
+	}
+	return r.root.OpenFile(rel, flag, perm)
+}
+
+func (r *rootedFS) Rename(oldpath, newpath string) error {
+	o, err := r.rel(oldpath)
+	if err != nil {
+		return err
+	}
+	n, err := r.rel(newpath)
+	if err != nil {
+		return err
+	}
+	return r.root.Rename(o, n)
+}
+
+func (r *rootedFS) Link(oldname, newname string) error {
+	o, err := r.rel(oldname)
+	if err != nil {
+		return err
+	}
+	n, err := r.rel(newname)
+	if err != nil {
+		return err
+	}
+	return r.root.Link(o, n)
+}
+
+func (r *rootedFS) Remove(name string) error {
+	rel, err := r.rel(name)
+	if err != nil {
+		return err
+	}
+	return r.root.Remove(rel)
+}
+
+func (r *rootedFS) Mkdir(name string, perm fs.FileMode) error {
+	rel, err := r.rel(name)
+	if err != nil {
+		return err
+	}
+	return r.root.Mkdir(rel, perm)
+}
+
+func (r *rootedFS) SyncDir(name string) error {
+	rel, err := r.rel(name)
+	if err != nil {
+		return err
+	}
+	d, err := r.root.Open(rel)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		_ = d.Close()
+		return err
+	}
+	return d.Close()
+}
 
 // SyncDir makes a rename or link in the directory durable; without it the
 // directory entry can be lost on power failure even though the data was synced.
