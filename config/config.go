@@ -124,6 +124,16 @@ var (
 		Usage: "derives each org's dashboard assertion key; the launcher and every dispatcher share it (a dispatcher without it starts no dashboards; dev makes one per run)"})
 	DashboardIdleTimeout = define(Var{Name: "DASHBOARD_IDLE_TIMEOUT", Default: "30m",
 		Usage: "an org's dashboard unused for this long is stopped; the next Open starts it again"})
+	UnitMemoryLimit = define(Var{Name: "UNIT_MEMORY_LIMIT", Default: "2GiB",
+		Usage: "memory each org unit (worker, dashboard) may use, swap included, as bytes or with KiB, MiB, GiB (also K, M, G); past it the kernel kills the biggest process and the job ends out of memory; none only with UNIT_LIMITS_NONE=true"})
+	UnitCPULimit = define(Var{Name: "UNIT_CPU_LIMIT", Default: "1",
+		Usage: "CPUs each org unit may use, a decimal such as 0.5 or 2 (Docker); none only with UNIT_LIMITS_NONE=true"})
+	UnitPidsLimit = define(Var{Name: "UNIT_PIDS_LIMIT", Default: "512",
+		Usage: "processes and threads each org unit may have at once, which bounds a fork bomb (Docker); none only with UNIT_LIMITS_NONE=true"})
+	UnitLimitsNone = define(Var{Name: "UNIT_LIMITS_NONE", Default: "false",
+		Usage: "allow none in UNIT_MEMORY_LIMIT, UNIT_CPU_LIMIT and UNIT_PIDS_LIMIT (units unbounded there); without it none is refused"})
+	UnitUser = define(Var{Name: "UNIT_USER", Default: "10001:10001",
+		Usage: "the numeric uid:gid programs run as inside org containers; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
@@ -276,4 +286,91 @@ func checkHTTPURL(s string) error {
 		return errors.New("not an absolute http(s) URL")
 	}
 	return nil
+}
+
+// Limits bound an org unit; zero in a field means unbounded, which UnitLimits returns only
+// when UNIT_LIMITS_NONE allows it.
+type Limits struct {
+	MemoryBytes int64
+	NanoCPUs    int64 // 1e9 is one CPU
+	Pids        int64
+}
+
+// UnitLimits reads UNIT_MEMORY_LIMIT, UNIT_CPU_LIMIT and UNIT_PIDS_LIMIT. An unbounded unit
+// is never a default nor an accident: only the word none gives it, and only with
+// UNIT_LIMITS_NONE=true; 0 and blank are refused (blank is the default).
+func (e *Env) UnitLimits() Limits {
+	allowNone := e.Bool(UnitLimitsNone)
+	var l Limits
+	limit := func(v Var, parse func(string) (int64, bool), want string) int64 {
+		s := e.raw(v)
+		if strings.EqualFold(s, "none") {
+			if !allowNone && e.err == nil {
+				e.err = &Error{Var: v.Name, Msg: "none leaves every org unit unbounded; set " + UnitLimitsNone.Name + "=true to allow it"}
+			}
+			return 0
+		}
+		n, ok := parse(s)
+		if !ok || n <= 0 {
+			e.fail(v, s, want+" (or none, with "+UnitLimitsNone.Name+"=true)")
+			return 0
+		}
+		return n
+	}
+	l.MemoryBytes = limit(UnitMemoryLimit, parseSize, "a size of at least 16MiB such as 512MiB or 2GiB")
+	if l.MemoryBytes > 0 && l.MemoryBytes < 16<<20 && e.err == nil {
+		e.fail(UnitMemoryLimit, e.raw(UnitMemoryLimit), "a size of at least 16MiB such as 512MiB or 2GiB")
+	}
+	l.NanoCPUs = limit(UnitCPULimit, parseCPUs, "a positive number of CPUs such as 0.5 or 2")
+	l.Pids = limit(UnitPidsLimit, func(s string) (int64, bool) {
+		n, err := strconv.ParseInt(s, 10, 64)
+		return n, err == nil
+	}, "a whole number of processes of at least 1")
+	return l
+}
+
+// parseSize reads bytes, with an optional binary suffix (K, KiB, M, MiB, G, GiB, T, TiB;
+// any case, an optional B).
+func parseSize(s string) (int64, bool) {
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
+		"g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40}
+	sh, ok := shift[unit]
+	if !ok || n > (1<<62)>>sh {
+		return 0, false
+	}
+	return n << sh, true
+}
+
+// parseCPUs reads a decimal number of CPUs as billionths.
+func parseCPUs(s string) (int64, bool) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f <= 0 || f > 1<<20 {
+		return 0, false
+	}
+	n := int64(f*1e9 + 0.5)
+	return n, n >= 1e6 // Docker's floor is a thousandth of a CPU
+}
+
+// UnitUser reads UNIT_USER: a numeric uid:gid, never the workers' keeper (65534), root
+// only when set explicitly.
+func (e *Env) UnitUser() string {
+	s := e.raw(UnitUser)
+	u, g, ok := strings.Cut(s, ":")
+	uid, uerr := strconv.Atoi(u)
+	_, gerr := strconv.Atoi(g)
+	switch {
+	case !ok || uerr != nil || gerr != nil || uid < 0 || strings.HasPrefix(g, "-"):
+		e.fail(UnitUser, s, "a numeric uid:gid such as 10001:10001")
+		return UnitUser.Default
+	case uid == 65534:
+		e.fail(UnitUser, s, "a uid other than 65534, the workers' keeper")
+		return UnitUser.Default
+	}
+	return s
 }

@@ -234,6 +234,22 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	if status == "" {
 		status = "crashed"
 	}
+	if st.OutOfMemory {
+		// The kernel killed the worker, or its agent, for passing the org's memory limit:
+		// the attempt ends with that reason. Unless the worker had settled the job with the
+		// backend first (completed, failed, released), it is a crash, re-claimed and
+		// counted like any other.
+		reason := "out of memory"
+		if out.Reason != "" {
+			reason += " (" + out.Reason + ")"
+		}
+		log.Warn("worker ran out of memory", "status", st.String(), "worker_status", status,
+			"stderr", lastBytes(tail.Redact(stderr.String(), secretsOf(env)...), 500))
+		if status != "crashed" && status != "unreported" {
+			return status, reason, result
+		}
+		return "crashed", reason, nil
+	}
 	if st.Code != 0 && status == "crashed" {
 		// Whatever the agent printed may hold the keys it was given: never logged as is.
 		log.Warn("worker exited", "status", st.String(), "stderr", lastBytes(tail.Redact(stderr.String(), secretsOf(env)...), 500))

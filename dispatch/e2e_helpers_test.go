@@ -51,6 +51,20 @@ func randomName(prefix string) string {
 // are removed when it ends.
 func useDocker(t *testing.T, f *fixture) *dockerRuntime {
 	t.Helper()
+	return useDockerWith(t, f, dockerOptions{})
+}
+
+// dockerOptions vary a fixture's Docker runtime.
+type dockerOptions struct {
+	// limits bound the units; default those of a product's dispatcher, but 512 MiB.
+	limits *runtime.Limits
+	// shell adds Debian's busybox-static to the image as /bin/sh, for hostile agents
+	// written as shell scripts; the test skips without it, except under CI.
+	shell bool
+}
+
+func useDockerWith(t *testing.T, f *fixture, opts dockerOptions) *dockerRuntime {
+	t.Helper()
 	engine, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	if err == nil {
 		ping, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -72,9 +86,17 @@ func useDocker(t *testing.T, f *fixture) *dockerRuntime {
 	reserveDemoOrgNames(t, engine)
 
 	dr := &dockerRuntime{engine: engine, scope: randomName(e2eScopePrefix), image: "hermes-dispatch-e2e:" + randomName("")}
+	binaries := []string{filepath.Join(binDir, "hermes-host"), filepath.Join(binDir, "scripted-agent")}
+	if opts.shell {
+		binaries = append(binaries, busyboxAsShell(t))
+	}
+	limits := runtime.Limits{MemoryBytes: 512 << 20, NanoCPUs: 1e9, Pids: 512}
+	if opts.limits != nil {
+		limits = *opts.limits
+	}
 	if _, err := runtime.BuildScratchImage(ctx, engine, runtime.ScratchImage{
 		Tag:      dr.image,
-		Binaries: []string{filepath.Join(binDir, "hermes-host"), filepath.Join(binDir, "scripted-agent")},
+		Binaries: binaries,
 		Cmd:      []string{"hermes-host", "worker", "idle"},
 	}); err != nil {
 		t.Fatal(err)
@@ -84,9 +106,10 @@ func useDocker(t *testing.T, f *fixture) *dockerRuntime {
 			t.Errorf("remove image %s: %v", dr.image, err)
 		}
 	})
-	// The fixture made the org homes with the test process's uid, the default user of
-	// the containers: the workers can read and write them.
+	// The fixture made the org homes as the test process; the runtime gives them to the
+	// units' user (runtime.DefaultUser) when it starts their containers.
 	rt, err := runtime.NewDocker(ctx, runtime.Config{
+		Limits:   limits,
 		Instance: dr.scope, Scope: dr.scope,
 		OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(f.cfg.OrgsRoot), "workspaces"),
 		WorkerIdle:  []string{"hermes-host", "worker", "idle"},
@@ -388,4 +411,22 @@ func workerUnit(t *testing.T, rt runtime.Runtime, org string) runtime.Unit {
 	}
 	t.Fatalf("no worker of %s among %+v", org, units)
 	return runtime.Unit{}
+}
+
+// busyboxAsShell is a copy of Debian's static busybox named sh: in a FROM scratch image,
+// /bin/sh running its applets (setsid, dd, id, ps...) without links.
+func busyboxAsShell(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set, so the hostile-agent tests must run: %v (apt-get install busybox-static)", err)
+		}
+		t.Skipf("no static busybox (%v): apt-get install busybox-static to run the hostile-agent tests", err)
+	}
+	p := filepath.Join(t.TempDir(), "sh")
+	if err := os.WriteFile(p, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -11,12 +11,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-
+	"time"
 
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
 	"hermeshost/hermesplugin"
+	"hermeshost/internal/procsweep"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/service"
@@ -50,6 +51,21 @@ func workerCommand() *cli.Command {
 				},
 			},
 			runJobCommand(),
+			{
+				Name: "sweep",
+				Summary: "kill every process an exec left in this worker container (the runtime runs it after each job; " +
+					"it refuses to run anywhere but beside worker idle, as another uid)",
+				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
+					return func(ctx context.Context, args []string) error {
+						if len(args) > 0 {
+							return cli.Usagef("worker sweep takes no arguments")
+						}
+						res, err := procsweep.Sweep(5*time.Second, "hermes-host worker idle")
+						fmt.Printf("swept %d\n", res.Killed)
+						return err
+					}
+				},
+			},
 		},
 	}
 }
@@ -65,7 +81,7 @@ func runJobCommand() *cli.Command {
 		Name: "run-job",
 		Summary: "run one job end to end: the assignment on stdin, the job token in SARTIQ_TOKEN; " +
 			"progress as JSON lines on stdout; SIGTERM releases the job, except with hold_stdin, where EOF on stdin " +
-				"releases it and a signal is a crash (the attempt counts)",
+			"releases it and a signal is a crash (the attempt counts)",
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.HermesBundledSkills,

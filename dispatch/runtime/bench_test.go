@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // benchDocker is a Docker runtime for benchmarks, logging nowhere, with one org.
@@ -104,4 +106,40 @@ func BenchmarkColdEnsure(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkSweep is what the end of every exec adds (see Docker.sweep): the sweep of a
+// worker with nothing left in it, and with one detached process to kill.
+func BenchmarkSweep(b *testing.B) {
+	d, _, org := benchDocker(b)
+	ctx := b.Context()
+	if _, err := d.EnsureWorker(ctx, org); err != nil {
+		b.Fatal(err)
+	}
+	unit := func() *dockerUnit {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		u := d.units[UnitName(org, RoleWorker)]
+		u.sweeping = make(chan struct{})
+		return u
+	}
+	b.Run("clean", func(b *testing.B) {
+		for b.Loop() {
+			d.sweep(ctx, UnitName(org, RoleWorker), unit())
+		}
+	})
+	b.Run("one-left", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			u := unit()
+			if _, _, err := d.exec(ctx, UnitName(org, RoleWorker), u.id, Command{Args: []string{"testagent", "detach", "bench"}}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			d.sweep(ctx, UnitName(org, RoleWorker), u)
+		}
+	})
+	if got := testutil.ToFloat64(d.cfg.Metrics.sweeps.WithLabelValues("docker", "failed")); got != 0 {
+		b.Fatalf("%v sweeps failed", got)
+	}
 }

@@ -48,12 +48,17 @@ const goneWait = 2 * time.Second
 // engineCleanupTimeout bounds removals done after the caller's context ended.
 const engineCleanupTimeout = 30 * time.Second
 
+// sweepTimeout bounds one sweep of a worker, the engine's round trip included; the sweep
+// program itself gives up after 5s.
+const sweepTimeout = 15 * time.Second
+
 // Docker runs each org's worker and dashboard as labelled containers on a Docker engine.
 type Docker struct {
-	cfg   Config
-	cli   *client.Client
-	log   *slog.Logger
-	locks unitLocks
+	cfg      Config
+	sweepCmd []string // kills what execs left in a worker (see sweep)
+	cli      *client.Client
+	log      *slog.Logger
+	locks    unitLocks
 
 	mu    sync.Mutex
 	units map[string]*dockerUnit // by container name: what this process knows it runs
@@ -63,6 +68,12 @@ type dockerUnit struct {
 	id       string
 	inFlight int       // execs running now
 	lastUsed time.Time // last ensure, or end of the last exec
+	// dirty says the container was not started by this process (adopted, or found
+	// running): what an earlier exec left in it is swept before the next exec runs.
+	dirty bool
+	// sweeping is closed when the sweep under way ends; nil when none is. Execs wait for
+	// it before they start.
+	sweeping chan struct{}
 }
 
 // NewDocker connects to the engine named by the DOCKER_* environment, checks that the
@@ -82,12 +93,22 @@ func NewDocker(ctx context.Context, cfg Config) (*Docker, error) {
 }
 
 func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, error) {
+	if cfg.User == "" {
+		cfg.User = DefaultUser // never the host's own uid, which may well be root
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	if cfg.WorkerImage == "" || cfg.DashboardImage == "" {
 		return nil, errors.New("runtime config: WorkerImage and DashboardImage are required for docker")
+	}
+	uid, _, err := parseUser(cfg.User)
+	if err != nil {
+		return nil, err
+	}
+	if kuid, _, _ := parseUser(keeperUser); uid == kuid {
+		return nil, fmt.Errorf("runtime config: User %q: uid %d is the worker's keeper's, whose processes execs must not reach", cfg.User, kuid)
 	}
 	if _, err := cli.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("docker engine at %s: %w", cli.DaemonHost(), err)
@@ -98,10 +119,13 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		}
 	}
 	d := &Docker{
-		cfg:   cfg,
-		cli:   cli,
-		log:   cfg.Logger.With("runtime", "docker"),
-		units: make(map[string]*dockerUnit),
+		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
+		// replaced (hermes-host worker sweep).
+		sweepCmd: append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
+		cfg:      cfg,
+		cli:      cli,
+		log:      cfg.Logger.With("runtime", "docker"),
+		units:    make(map[string]*dockerUnit),
 	}
 	if err := d.adopt(ctx); err != nil {
 		return nil, err
@@ -146,7 +170,7 @@ func (d *Docker) adopt(ctx context.Context) error {
 			reason = "exited"
 		}
 		if reason == "" {
-			d.units[name] = &dockerUnit{id: c.ID, lastUsed: now}
+			d.units[name] = &dockerUnit{id: c.ID, lastUsed: now, dirty: true}
 			adopted++
 			d.log.Info("container adopted", "container", name, "id", shortID(c.ID))
 			continue
@@ -244,7 +268,7 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		d.mu.Lock()
 		u := d.units[name]
 		if u == nil || u.id != info.ID {
-			u = &dockerUnit{id: info.ID}
+			u = &dockerUnit{id: info.ID, dirty: true}
 			d.units[name] = u
 		}
 		u.lastUsed = d.cfg.Now()
@@ -257,6 +281,19 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 }
 
 func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets, env []string) (string, error) {
+	// The home and workspaces are the unit user's: the programs run as it, and whatever
+	// the host wrote there since the last start (SOUL.md, replaced by the dispatcher,
+	// forces one) becomes theirs to read.
+	uid, gid, _ := parseUser(d.cfg.User)
+	for _, dir := range []string{dirs.home, dirs.workspaces} {
+		n, err := chownTree(dir, uid, gid)
+		if err != nil {
+			return "", fmt.Errorf("org %s: %w", org, err)
+		}
+		if n > 0 {
+			d.log.Info("org files given to the units' user", "dir", dir, "user", d.cfg.User, "entries", n)
+		}
+	}
 	labels := map[string]string{
 		LabelManaged:  "true",
 		LabelScope:    d.cfg.Scope,
@@ -279,6 +316,11 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		Labels: labels,
 	}
 	config.Env = append(config.Env, env...)
+	if role == RoleWorker {
+		// The init and the idle main process run as the keeper, outside the reach of
+		// the execs' uid; they need nothing of the home, so start them at the root.
+		config.User, config.WorkingDir = keeperUser, "/"
+	}
 	if role == RoleDashboard {
 		config.Image = d.cfg.DashboardImage
 		// Secrets arrive on stdin, which closes after them: nothing stored by the engine
@@ -346,7 +388,10 @@ func (d *Docker) startCreated(ctx context.Context, name, id string, secrets []st
 }
 
 // Exec implements Runtime. Docker cannot kill one exec, so a cancelled exec takes the
-// whole worker container with it; the next EnsureWorker starts a fresh one.
+// whole worker container with it; the next EnsureWorker starts a fresh one. An exec that
+// ends is followed by a sweep of what it left (see sweep). ExitStatus.OutOfMemory is also
+// set for a program that failed after the kernel killed a process it started for passing
+// the memory limit (a worker whose agent was killed).
 func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error) {
 	if err := ValidateOrg(org); err != nil {
 		return ExitStatus{}, err
@@ -355,31 +400,126 @@ func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus,
 		return ExitStatus{}, errors.New("exec: no command")
 	}
 	name := UnitName(org, RoleWorker)
-	d.mu.Lock()
-	u := d.units[name]
-	if u != nil {
-		u.inFlight++
+	u, err := d.enter(ctx, name)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, err)
 	}
-	d.mu.Unlock()
 	if u == nil {
 		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, ErrNotRunning)
 	}
-	defer func() {
-		d.mu.Lock()
-		u.inFlight--
-		u.lastUsed = d.cfg.Now()
-		d.mu.Unlock()
-	}()
 
 	began := d.cfg.Now()
 	status, outcome, err := d.exec(ctx, name, u.id, cmd)
-	return recordExec(d.log, d.cfg.Metrics, d.Kind(), name, cmd, d.cfg.Now().Sub(began), status, outcome, err)
+	took := d.cfg.Now().Sub(began)
+	d.leave(ctx, name, u)
+	return recordExec(d.log, d.cfg.Metrics, d.Kind(), name, cmd, took, status, outcome, err)
+}
+
+// A job's processes end with it. Docker can neither kill one exec nor everything an exec
+// started (a process the agent detached with setsid leaves the exec's session and
+// process group and is re-parented to the container's init), so after every exec the
+// runtime sweeps the worker: it runs the worker's sweep (hermes-host worker sweep) as the units'
+// user, which sends kill(-1, SIGKILL) inside the container's pid namespace and waits until
+// every other process of that uid is gone. The container's init and main process run as
+// another uid (keeperUser) and survive it: the worker stays warm. kill(-1) is one atomic
+// pass of the kernel, so even a fork bomb ends in one call. A sweep that fails (it cannot
+// start in a container whose pids limit a fork bomb holds, say) removes the container
+// instead: the next ensure starts a fresh one. The sweep runs when the last exec in
+// flight ends, and before the first exec in a container this process did not start (one
+// adopted from an earlier dispatcher, which may have died before it could sweep); execs
+// wait while it runs. A cancelled exec needs none: it removes the container.
+
+// enter counts an exec in on its unit once no sweep runs there, sweeping first a dirty
+// unit; nil when the org has no worker.
+func (d *Docker) enter(ctx context.Context, name string) (*dockerUnit, error) {
+	d.mu.Lock()
+	for {
+		u := d.units[name]
+		switch {
+		case u == nil:
+			d.mu.Unlock()
+			return nil, nil
+		case u.sweeping != nil:
+			wait := u.sweeping
+			d.mu.Unlock()
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+			d.mu.Lock()
+		case u.dirty && u.inFlight == 0:
+			u.dirty = false
+			u.sweeping = make(chan struct{})
+			d.mu.Unlock()
+			d.sweep(ctx, name, u)
+			d.mu.Lock()
+		default:
+			u.inFlight++
+			d.mu.Unlock()
+			return u, nil
+		}
+	}
+}
+
+// leave counts an exec out and sweeps the unit when it was the last one in flight.
+func (d *Docker) leave(ctx context.Context, name string, u *dockerUnit) {
+	d.mu.Lock()
+	u.inFlight--
+	u.lastUsed = d.cfg.Now()
+	last := u.inFlight == 0 && u.sweeping == nil && d.units[name] == u
+	if last {
+		u.sweeping = make(chan struct{})
+	}
+	d.mu.Unlock()
+	if last {
+		d.sweep(ctx, name, u)
+	}
+}
+
+// sweep kills what execs left in u's container, or removes the container when that
+// fails, then lets waiting execs go. It outlives ctx's end: a job's processes end even
+// when the dispatcher stops.
+func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
+	defer func() {
+		d.mu.Lock()
+		close(u.sweeping)
+		u.sweeping = nil
+		d.mu.Unlock()
+	}()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sweepTimeout)
+	defer cancel()
+	began := time.Now()
+	var out, errOut strings.Builder
+	status, _, err := d.exec(sctx, name, u.id, Command{Args: d.sweepCmd, Stdout: &out, Stderr: &errOut})
+	var killed int
+	if err == nil && status.Code == 0 {
+		if _, serr := fmt.Sscanf(out.String(), "swept %d", &killed); serr != nil {
+			err = fmt.Errorf("sweep printed %q: %w", out.String(), serr)
+		}
+	} else if err == nil {
+		err = fmt.Errorf("sweep %s: %s", status, strings.TrimSpace(errOut.String()))
+	}
+	if err == nil {
+		d.cfg.Metrics.swept(d.Kind(), killed, true)
+		if killed > 0 {
+			d.log.Info("processes left by an exec killed", "container", name, "killed", killed, "took", time.Since(began))
+		}
+		return
+	}
+	d.cfg.Metrics.swept(d.Kind(), 0, false)
+	d.forget(name, u.id)
+	if rerr := d.remove(sctx, u.id); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	d.log.Warn("worker sweep failed: container removed", "container", name, "id", shortID(u.id), "error", err)
 }
 
 func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitStatus, string, error) {
 	created, err := d.cli.ContainerExecCreate(ctx, id, container.ExecOptions{
 		Cmd:          cmd.Args,
 		Env:          cmd.Env,
+		User:         d.cfg.User,
 		WorkingDir:   d.cfg.HomeMount,
 		AttachStdin:  true,
 		AttachStdout: true,
@@ -426,17 +566,20 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 		return ExitStatus{}, outcome, err
 	}
 	status := ExitStatus{Code: inspected.ExitCode}
-	if copyErr == nil && status.Code < 128 {
-		return status, outcomeExited, nil
-	}
-	// A signal ended the program, or its stream broke. The OOM answer comes first because
-	// the engine has it by now; a container dying under the exec is reported a moment
-	// after the exec's own end.
-	if copyErr == nil && status.Code == 128+int(syscall.SIGKILL) && d.cfg.Limits.MemoryBytes > 0 &&
+	// A program that failed may have been killed by the OOM killer, or have failed
+	// because a process it started was (a worker whose agent was killed exits 1): the
+	// engine's events say whether the kernel killed anything in the container while it
+	// ran. The answer comes first because the engine has it by now; a container dying
+	// under the exec is reported a moment after the exec's own end.
+	if copyErr == nil && status.Code != 0 && d.cfg.Limits.MemoryBytes > 0 &&
 		d.outOfMemory(ctx, id, created.ID, since) {
 		status.OutOfMemory = true
 		return status, outcomeOutOfMemory, nil
 	}
+	if copyErr == nil && status.Code < 128 {
+		return status, outcomeExited, nil
+	}
+	// A signal ended the program, or its stream broke.
 	stopped, err := d.stopsSoon(ctx, name, id)
 	switch {
 	case err != nil:
@@ -619,7 +762,7 @@ func (d *Docker) reapOne(ctx context.Context, u Unit) (string, error) {
 	case tracked == nil || tracked.id != u.ID:
 		// Started by this instance but unknown to this process: from now on its idle
 		// time counts.
-		d.units[u.Name] = &dockerUnit{id: u.ID, lastUsed: d.cfg.Now()}
+		d.units[u.Name] = &dockerUnit{id: u.ID, lastUsed: d.cfg.Now(), dirty: true}
 	case u.Role == RoleWorker && d.cfg.IdleTimeout > 0 && tracked.inFlight == 0 &&
 		d.cfg.Now().Sub(tracked.lastUsed) >= d.cfg.IdleTimeout:
 		reason = "idle"

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,8 +139,10 @@ func TestDockerContainerShape(t *testing.T) {
 		t.Errorf("host config network %q read-only %v cap-drop %v init %v security %v",
 			hc.NetworkMode, hc.ReadonlyRootfs, hc.CapDrop, hc.Init, hc.SecurityOpt)
 	}
-	if want := fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid()); info.Config.User != want {
-		t.Errorf("user %q, want %q", info.Config.User, want)
+	// The worker's init and main process run as the keeper; what is executed in it runs
+	// as the units' user (see TestDockerExecsRunAsTheUnitsUser).
+	if info.Config.User != keeperUser || info.Config.WorkingDir != "/" {
+		t.Errorf("user %q in %q, want the keeper %q in /", info.Config.User, info.Config.WorkingDir, keeperUser)
 	}
 	for _, kv := range info.Config.Env {
 		name, _, _ := strings.Cut(kv, "=")

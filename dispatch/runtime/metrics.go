@@ -9,10 +9,12 @@ import (
 // Metrics counts what runtimes do. One Metrics may serve several runtimes: each series is
 // labelled with the runtime's kind.
 type Metrics struct {
-	ensures   *prometheus.CounterVec
-	execs     *prometheus.CounterVec
-	exitCodes *prometheus.CounterVec
-	reaped    *prometheus.CounterVec
+	ensures    *prometheus.CounterVec
+	execs      *prometheus.CounterVec
+	exitCodes  *prometheus.CounterVec
+	reaped     *prometheus.CounterVec
+	sweeps     *prometheus.CounterVec
+	sweptProcs *prometheus.CounterVec
 }
 
 // NewMetrics makes the runtime metrics and registers them on reg; a nil reg leaves them
@@ -35,9 +37,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hermes_runtime_reaped_total",
 			Help: "Units removed by reaping, by runtime and reason (idle, exited, stale).",
 		}, []string{"runtime", "reason"}),
+		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hermes_runtime_sweeps_total",
+			Help: "Sweeps of a worker after its execs, by runtime and result (clean: nothing left, killed: processes left were killed, failed: the worker was removed instead).",
+		}, []string{"runtime", "result"}),
+		sweptProcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hermes_runtime_swept_processes_total",
+			Help: "Processes an exec left behind in its worker, killed by a sweep, by runtime.",
+		}, []string{"runtime"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ensures, m.execs, m.exitCodes, m.reaped)
+		reg.MustRegister(m.ensures, m.execs, m.exitCodes, m.reaped, m.sweeps, m.sweptProcs)
 	}
 	return m
 }
@@ -72,3 +82,16 @@ const (
 	outcomeWorkerGone  = "worker_gone"
 	outcomeFailed      = "failed"
 )
+
+// swept counts one sweep of a worker and the processes it killed.
+func (m *Metrics) swept(kind string, killed int, ok bool) {
+	result := "clean"
+	switch {
+	case !ok:
+		result = "failed"
+	case killed > 0:
+		result = "killed"
+		m.sweptProcs.WithLabelValues(kind).Add(float64(killed))
+	}
+	m.sweeps.WithLabelValues(kind, result).Inc()
+}

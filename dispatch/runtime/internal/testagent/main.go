@@ -32,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"hermeshost/internal/procsweep"
 )
 
 func main() {
@@ -63,6 +65,21 @@ func main() {
 		err = write(args)
 	case "dashboard":
 		err = dashboard(args)
+	case "sweep":
+		// What hermes-host worker sweep does, beside testagent idle.
+		var res procsweep.Result
+		res, err = procsweep.Sweep(5*time.Second, "testagent idle")
+		fmt.Printf("swept %d\n", res.Killed)
+	case "detach":
+		err = detach(args)
+	case "child":
+		// Run the rest as a child and fail, with exit 3, when it does: a worker whose
+		// agent died.
+		child := exec.Command(os.Args[0], args...)
+		child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if child.Run() != nil {
+			os.Exit(3)
+		}
 	default:
 		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
 	}
@@ -252,5 +269,24 @@ func dashboard(args []string) error {
 		return err
 	}
 	waitForTermination()
+	return nil
+}
+
+// detach starts `testagent sleep 1h TAG` in a session of its own, as `setsid nohup ... &`
+// does, prints its pid and exits at once, leaving it behind.
+func detach(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("usage: detach TAG")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	child := exec.Command(self, "sleep", "1h", args[0])
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		return err
+	}
+	fmt.Println(child.Process.Pid)
 	return nil
 }

@@ -1,0 +1,187 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// containerProcesses is what the engine shows running in a container: one line per
+// process, its uid and command line.
+func containerProcesses(t *testing.T, id string) string {
+	t.Helper()
+	top, err := suite.engine.ContainerTop(testContext(t), id, []string{"-o", "pid,uid,args"})
+	if err != nil {
+		t.Fatalf("top %s: %v", id, err)
+	}
+	var b strings.Builder
+	for _, p := range top.Processes {
+		b.WriteString(strings.Join(p, " ") + "\n")
+	}
+	return b.String()
+}
+
+// A process an exec detached into a session of its own (as setsid nohup ... & does) is
+// gone when the exec returns; the worker's init and main process, as the keeper, stay,
+// and the worker stays warm.
+func TestDockerExecLeavesNothingBehind(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "sweep")
+	e := mustEnsureWorker(t, rt, org)
+
+	tag := "left-" + randomHex(4)
+	out, _, status := run(t, rt, org, "", nil, "testagent", "detach", tag)
+	if status.Code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("detach: %v %q", status, out)
+	}
+	if ps := containerProcesses(t, e.ID); strings.Contains(ps, tag) {
+		t.Fatalf("the detached process outlived its exec:\n%s", ps)
+	}
+	ps := containerProcesses(t, e.ID)
+	if !strings.Contains(ps, "testagent idle") {
+		t.Errorf("the worker's main process is gone:\n%s", ps)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweptProcs.WithLabelValues("docker")); got != 1 {
+		t.Errorf("%v processes counted as swept, want 1", got)
+	}
+	if again := mustEnsureWorker(t, rt, org); again.Cold || again.ID != e.ID {
+		t.Errorf("the worker did not stay warm through the sweep: %+v", again)
+	}
+	// A second org's exec, and its own leftover, are its own: sweeping a never reaches b.
+	other := newOrg(t, cfg, "sweep-other")
+	eo := mustEnsureWorker(t, rt, other)
+	if _, _, st := run(t, rt, other, "", nil, "testagent", "echo"); st.Code != 0 {
+		t.Fatal(st)
+	}
+	if ps := containerProcesses(t, eo.ID); !strings.Contains(ps, "testagent idle") {
+		t.Errorf("b's worker lost its main process:\n%s", ps)
+	}
+}
+
+// The sweep is a kill of everything of the units' uid in the container, so a process
+// detached by an exec that nobody swept (started outside the runtime here, as a dispatcher
+// that died mid-job would leave it) is gone before the first exec of the next runtime that
+// adopts the container starts.
+func TestDockerAdoptedWorkerIsSweptBeforeItsFirstExec(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "adopt-sweep")
+	e := mustEnsureWorker(t, rt, org)
+	tag := "orphan-" + randomHex(4)
+	ctx := testContext(t)
+	created, err := suite.engine.ContainerExecCreate(ctx, e.ID, container.ExecOptions{
+		User: DefaultUser, Cmd: []string{"testagent", "detach", tag}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := suite.engine.ContainerExecStart(ctx, created.ID, container.ExecStartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the orphan to run", func() bool { return strings.Contains(containerProcesses(t, e.ID), tag) })
+
+	again, err := NewDocker(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if ensured := mustEnsureWorker(t, again, org); ensured.Cold {
+		t.Fatal("the new runtime did not adopt the worker")
+	}
+	out, _, status := run(t, again, org, "", nil, "testagent", "cmdlines")
+	if status.Code != 0 || strings.Contains(out, tag) {
+		t.Errorf("the first exec after adoption saw the orphan (%v):\n%s", status, out)
+	}
+}
+
+// Programs in a worker run as the units' user, never root, with the org's home theirs; the
+// host's files in it (a 0600 SOUL.md the host wrote as root, say) are given to that user
+// when the container starts, and what the programs write is theirs on the host.
+func TestDockerExecsRunAsTheUnitsUser(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "uid")
+	home := filepath.Join(cfg.OrgsRoot, org)
+	if err := os.MkdirAll(filepath.Join(home, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "outside")
+	if err := os.WriteFile(outside, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(home, "sub", "link")); err != nil {
+		t.Fatal(err)
+	}
+	mustEnsureWorker(t, rt, org)
+	uid, gid, err := parseUser(DefaultUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, status := run(t, rt, org, "", nil, "testagent", "cat", "/proc/self/status")
+	if status.Code != 0 || !strings.Contains(out, fmt.Sprintf("\nUid:\t%d\t%d\t%d\t%d\n", uid, uid, uid, uid)) {
+		t.Errorf("exec's status (%v) does not show uid %d:\n%s", status, uid, out)
+	}
+	if uid == 0 {
+		t.Error("the units' user is root")
+	}
+	if _, _, status := run(t, rt, org, "", nil, "testagent", "cat", "/home/hermes/SOUL.md"); status.Code != 0 {
+		t.Errorf("the unit cannot read its 0600 SOUL.md: %v", status)
+	}
+	if _, _, status := run(t, rt, org, "made", nil, "testagent", "write", "/home/hermes/sub/made.txt"); status.Code != 0 {
+		t.Fatalf("write in the home: %v", status)
+	}
+	for _, p := range []string{home, filepath.Join(home, "SOUL.md"), filepath.Join(home, "sub"), filepath.Join(home, "sub", "made.txt"),
+		filepath.Join(cfg.WorkspacesRoot, org)} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if int(st.Uid) != uid || int(st.Gid) != gid {
+			t.Errorf("%s is owned by %d:%d, want %d:%d", p, st.Uid, st.Gid, uid, gid)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(outside, &st); err != nil {
+		t.Fatal(err)
+	}
+	if int(st.Uid) != os.Getuid() {
+		t.Errorf("a link in the home was followed: %s was given to %d", outside, st.Uid)
+	}
+}
+
+// An exec whose child the OOM killer took, and which then failed itself, as a worker does
+// whose agent was killed, is out of memory too.
+func TestDockerChildOutOfMemory(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	cfg.Limits.MemoryBytes = 64 << 20
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "child-oom")
+	mustEnsureWorker(t, rt, org)
+	_, _, status := run(t, rt, org, "", nil, "testagent", "child", "alloc", "512")
+	if !status.OutOfMemory || status.Code != 3 {
+		t.Errorf("child killed past the limit = %+v, want out of memory, exit 3", status)
+	}
+	if _, _, status := run(t, rt, org, "", nil, "testagent", "child", "echo"); status.OutOfMemory || status.Code != 0 {
+		t.Errorf("the next exec = %+v, want a plain exit 0", status)
+	}
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !ok(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %s waiting for %s", within, what)
+		}
+	}
+}

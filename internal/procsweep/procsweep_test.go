@@ -1,0 +1,18 @@
+package procsweep
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// On the host, as root or not, a sweep refuses before it signals anything: kill(-1) here
+// would take every process of the user (of every user, as root). That it kills what it
+// must inside a unit is tested on the Docker runtime (dispatch/runtime, dispatch).
+func TestSweepRefusesOutsideAUnit(t *testing.T) {
+	for _, keeper := range []string{"hermes-host worker idle", ""} {
+		if _, err := Sweep(time.Second, keeper); !errors.Is(err, ErrNotInUnit) {
+			t.Fatalf("Sweep(%q) on the host: %v, want ErrNotInUnit", keeper, err)
+		}
+	}
+}
