@@ -80,7 +80,7 @@ func runJobPID(t *testing.T, org string) int {
 		// stat: pid (comm) state ppid ...; comm may hold spaces and parentheses.
 		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 		if len(args) == 3 && filepath.Base(args[0]) == "hermes-host" && args[1] == "worker" && args[2] == "run-job" &&
-			len(fields) > 1 && fields[1] == strconv.Itoa(os.Getpid()) &&
+			len(fields) > 1 && descendsFromTest(pid, fields[1]) &&
 			bytes.Contains(append([]byte{0}, environ...), []byte("\x00HERMES_ORG="+org+"\x00")) {
 			found = append(found, pid)
 		}
@@ -89,4 +89,24 @@ func runJobPID(t *testing.T, org string) int {
 		t.Fatalf("run-job processes of %s started by this test: %v, want one", org, found)
 	}
 	return found[0]
+}
+
+// descendsFromTest says whether pid, whose parent is ppid, was started by this test: as its
+// child, or in a sandbox, under bubblewrap and the sandbox's pid 1.
+func descendsFromTest(pid int, ppid string) bool {
+	for range 3 {
+		if ppid == strconv.Itoa(os.Getpid()) {
+			return true
+		}
+		stat, err := os.ReadFile("/proc/" + ppid + "/stat")
+		if err != nil {
+			return false
+		}
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 {
+			return false
+		}
+		ppid = fields[1]
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -387,10 +388,19 @@ func runJobPID(t *testing.T) int {
 			continue
 		}
 		// pid (comm) state ppid ...: comm may hold spaces, so read after its parenthesis.
-		var state string
-		var ppid int
-		if _, err := fmt.Sscan(string(stat[bytes.LastIndexByte(stat, ')')+1:]), &state, &ppid); err == nil && ppid == os.Getpid() {
-			return pid
+		// In a sandbox the test's child is bubblewrap, whose child is the sandbox's pid 1.
+		for range 3 {
+			var state string
+			var ppid int
+			if _, err := fmt.Sscan(string(stat[bytes.LastIndexByte(stat, ')')+1:]), &state, &ppid); err != nil {
+				break
+			}
+			if ppid == os.Getpid() {
+				return pid
+			}
+			if stat, err = os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "stat")); err != nil {
+				break
+			}
 		}
 	}
 	t.Fatal("no run-job process of this test")

@@ -14,7 +14,9 @@ const pingTimeout = 3 * time.Second
 // Detect returns Docker when an engine named by the DOCKER_* environment answers a ping,
 // and Process otherwise, and logs which it chose and why. An engine that answers but cannot
 // serve (missing images, say) is an error, not a reason to fall back: that would quietly
-// drop the isolation the operator set up.
+// drop the isolation the operator set up. A Process picked without a sandbox says so, with
+// the engine that did not answer, in its Unisolated: a caller must refuse it unless told
+// otherwise.
 func Detect(ctx context.Context, cfg Config) (Runtime, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -47,6 +49,12 @@ func processBecause(cfg Config, reason error) (Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Logger.Info("container runtime chosen", "runtime", p.Kind(), "reason", reason.Error())
+	p.because = reason
+	if err := p.Unisolated(); err != nil {
+		cfg.Logger.Warn("container runtime chosen", "runtime", p.Kind(), "sandboxed", false, "reason", reason.Error(),
+			"unisolated", err.Error())
+		return p, nil
+	}
+	cfg.Logger.Info("container runtime chosen", "runtime", p.Kind(), "sandboxed", true, "reason", reason.Error())
 	return p, nil
 }

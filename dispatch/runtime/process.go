@@ -31,13 +31,18 @@ var errClosed = errors.New("runtime closed")
 // process group, working in the org's home. It is the embedded default for one machine
 // without a Docker engine. It keeps the environment rules (a subprocess sees only the
 // org's variables and what its Command adds, never the host's environment) and limits
-// memory by sampling, but it is not an isolation boundary: subprocesses run as the host's
-// user and can reach every file the host can.
+// memory by sampling. Where bubblewrap works (Config.Sandbox) every program it starts
+// for an org runs in a sandbox of its own that holds only that org's home and
+// workspaces (see Sandbox); without one it is no isolation boundary, subprocesses run as
+// the host's user and can reach every file the host can, and it says so (Unisolated).
 type Process struct {
 	cfg   Config
 	log   *slog.Logger
 	locks unitLocks
-	waits sync.WaitGroup // one per unit whose main process has not been reaped
+	waits sync.WaitGroup // one per unit or exec whose main process has not been reaped
+	box   *bwrapSandbox  // nil: programs run unconfined
+	// unconfined says why there is no sandbox; because, why Detect picked this runtime.
+	unconfined, because error
 
 	mu     sync.Mutex
 	units  map[string]*processUnit // by unit name
@@ -49,13 +54,15 @@ type processUnit struct {
 	role     Role
 	name     string
 	pid      int // also its process group
+	tree     *tree
+	soul     string // identity of the SOUL.md a sandbox bound
 	exited   chan struct{}
 	execs    map[*processExec]struct{}
 	lastUsed time.Time
 }
 
 type processExec struct {
-	pgid        int // zero until started; guarded by Process.mu
+	tree        *tree // nil until started; guarded by Process.mu
 	gone        atomic.Bool
 	outOfMemory atomic.Bool
 }
@@ -67,11 +74,23 @@ func NewProcess(cfg Config) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Process{
-		cfg:   cfg,
-		log:   cfg.Logger.With("runtime", "process"),
-		units: make(map[string]*processUnit),
-	}, nil
+	box, unconfined, err := openSandbox(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{
+		cfg:        cfg,
+		log:        cfg.Logger.With("runtime", "process"),
+		units:      make(map[string]*processUnit),
+		box:        box,
+		unconfined: unconfined,
+	}
+	if box == nil {
+		p.log.Warn(unisolatedWarning, "reason", unconfined.Error())
+	} else {
+		p.log.Info("org units sandboxed", "sandbox", "bwrap", "bwrap", box.bwrap, "uid", box.runsAs())
+	}
+	return p, nil
 }
 
 // Kind implements Runtime.
@@ -79,7 +98,7 @@ func (p *Process) Kind() string { return "process" }
 
 // EnsureWorker implements Runtime.
 func (p *Process) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
-	return p.ensure(org, RoleWorker, p.cfg.WorkerIdle, nil, nil)
+	return p.ensure(ctx, org, RoleWorker, p.cfg.WorkerIdle, nil, nil)
 }
 
 // EnsureDashboard implements Runtime.
@@ -87,10 +106,10 @@ func (p *Process) EnsureDashboard(ctx context.Context, org string, d Dashboard) 
 	if len(d.Args) == 0 {
 		return Ensured{}, errors.New("ensure dashboard: no command")
 	}
-	return p.ensure(org, RoleDashboard, d.Args, d.Secrets, d.Env)
+	return p.ensure(ctx, org, RoleDashboard, d.Args, d.Secrets, d.Env)
 }
 
-func (p *Process) ensure(org string, role Role, args, secrets, env []string) (Ensured, error) {
+func (p *Process) ensure(ctx context.Context, org string, role Role, args, secrets, env []string) (Ensured, error) {
 	dirs, err := p.cfg.prepareOrg(org)
 	if err != nil {
 		return Ensured{}, err
@@ -98,17 +117,30 @@ func (p *Process) ensure(org string, role Role, args, secrets, env []string) (En
 	name := UnitName(org, role)
 	defer p.locks.lock(name)()
 
+	soul := fileIdentity(dirs.soul)
 	p.mu.Lock()
 	u := p.units[name]
 	if u != nil && !hasEnded(u.exited) {
-		u.lastUsed = p.cfg.Now()
+		if p.box == nil || u.soul == soul {
+			u.lastUsed = p.cfg.Now()
+			p.mu.Unlock()
+			p.cfg.Metrics.ensured(p.Kind(), role, false)
+			return Ensured{Unit: u.unit(true)}, nil
+		}
+		// Its sandbox binds the SOUL.md the host has since replaced, as a container would.
 		p.mu.Unlock()
-		p.cfg.Metrics.ensured(p.Kind(), role, false)
-		return Ensured{Unit: u.unit(true)}, nil
+		p.log.Info("process restarted", "unit", name, "pid", u.pid, "reason", "SOUL.md replaced")
+		u.tree.kill()
+		select {
+		case <-u.exited:
+		case <-ctx.Done():
+			return Ensured{}, fmt.Errorf("restart %s: %w", name, context.Cause(ctx))
+		}
+	} else {
+		p.mu.Unlock()
 	}
-	p.mu.Unlock()
 
-	cmd, err := p.command(org, dirs, args, env)
+	cmd, info, err := p.command(org, name, dirs, args, env)
 	if err != nil {
 		return Ensured{}, err
 	}
@@ -119,9 +151,11 @@ func (p *Process) ensure(org string, role Role, args, secrets, env []string) (En
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
+		closeInfo(cmd, info)
 		return Ensured{}, errClosed
 	}
-	if err := cmd.Start(); err != nil {
+	t, err := start(cmd, info)
+	if err != nil {
 		return Ensured{}, fmt.Errorf("start %s: %w", name, err)
 	}
 	u = &processUnit{
@@ -129,6 +163,8 @@ func (p *Process) ensure(org string, role Role, args, secrets, env []string) (En
 		role:     role,
 		name:     name,
 		pid:      cmd.Process.Pid,
+		tree:     t,
+		soul:     soul,
 		exited:   make(chan struct{}),
 		execs:    make(map[*processExec]struct{}),
 		lastUsed: p.cfg.Now(),
@@ -140,28 +176,30 @@ func (p *Process) ensure(org string, role Role, args, secrets, env []string) (En
 		p.unitEnded(u, cmd.Wait())
 	}()
 	p.cfg.Metrics.ensured(p.Kind(), role, true)
-	p.log.Info("process started", "unit", name, "pid", u.pid, "org", org, "role", role)
+	p.log.Info("process started", "unit", name, "pid", u.pid, "org", org, "role", role, "sandboxed", p.box != nil)
 	return Ensured{Unit: u.unit(true), Cold: true}, nil
 }
 
 // unitEnded runs once a unit's main process has exited: like a container's, its death
 // takes everything started in it along.
 func (p *Process) unitEnded(u *processUnit, waitErr error) {
-	killGroup(u.pid)
+	u.tree.kill()
+	u.tree.release()
 	p.mu.Lock()
 	close(u.exited)
 	for e := range u.execs {
 		e.gone.Store(true)
-		if e.pgid != 0 {
-			killGroup(e.pgid)
+		if e.tree != nil {
+			e.tree.kill()
 		}
 	}
 	p.mu.Unlock()
 	p.log.Info("process exited", "unit", u.name, "pid", u.pid, "status", waitStatus(waitErr))
 }
 
-// Exec implements Runtime. Cancelling kills the program's process group; the worker keeps
-// running.
+// Exec implements Runtime. Cancelling kills the program's process group, or in a sandbox
+// everything in the program's pid namespace; the worker keeps running. In a sandbox every
+// process the program started, detached or not, is gone when Exec returns.
 func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error) {
 	if err := ValidateOrg(org); err != nil {
 		return ExitStatus{}, err
@@ -176,14 +214,20 @@ func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus
 		p.mu.Unlock()
 		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, ErrNotRunning)
 	}
+	if p.closed {
+		p.mu.Unlock()
+		return ExitStatus{}, fmt.Errorf("exec %s in %s: %w", cmd.Args[0], name, errClosed)
+	}
 	e := &processExec{}
 	u.execs[e] = struct{}{}
+	p.waits.Add(1)
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
 		delete(u.execs, e)
 		u.lastUsed = p.cfg.Now()
 		p.mu.Unlock()
+		p.waits.Done()
 	}()
 
 	began := p.cfg.Now()
@@ -192,7 +236,7 @@ func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus
 }
 
 func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, command Command) (ExitStatus, string, error) {
-	cmd, err := p.command(u.org, p.cfg.dirs(u.org), command.Args, command.Env)
+	cmd, info, err := p.command(u.org, u.name, p.cfg.dirs(u.org), command.Args, command.Env)
 	if err != nil {
 		return ExitStatus{}, outcomeFailed, err
 	}
@@ -200,12 +244,14 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	// exits: its leftovers are then killed, and only after that is the output drained.
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
+		closeInfo(cmd, info)
 		return ExitStatus{}, outcomeFailed, err
 	}
 	defer stdinW.Close()
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
 		stdinR.Close()
+		closeInfo(cmd, info)
 		return ExitStatus{}, outcomeFailed, err
 	}
 	defer stdoutR.Close()
@@ -213,23 +259,24 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	if err != nil {
 		stdinR.Close()
 		stdoutW.Close()
+		closeInfo(cmd, info)
 		return ExitStatus{}, outcomeFailed, err
 	}
 	defer stderrR.Close()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, stdoutW, stderrW
-	err = cmd.Start()
+	t, err := start(cmd, info)
 	stdinR.Close()
 	stdoutW.Close()
 	stderrW.Close()
 	if err != nil {
 		return ExitStatus{}, outcomeFailed, err
 	}
-	pgid := cmd.Process.Pid
+	defer t.release()
 	p.mu.Lock()
-	e.pgid = pgid
-	if hasEnded(u.exited) {
+	e.tree = t
+	if hasEnded(u.exited) || p.closed {
 		e.gone.Store(true)
-		killGroup(pgid)
+		t.kill()
 	}
 	p.mu.Unlock()
 
@@ -247,15 +294,17 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	stopSampling := make(chan struct{})
 	var sampler sync.WaitGroup
 	if limit := p.cfg.Limits.MemoryBytes; limit > 0 {
-		sampler.Go(func() { limitMemory(e, pgid, limit, stopSampling) })
+		sampler.Go(func() { limitMemory(e, t, limit, stopSampling) })
 	}
-	stopWatching := context.AfterFunc(ctx, func() { killGroup(pgid) })
+	stopWatching := context.AfterFunc(ctx, t.kill)
 
+	// In a sandbox bubblewrap exits only once its pid namespace is empty: when its pid 1
+	// sees the program exit, it exits, and the kernel kills the rest.
 	waitErr := cmd.Wait()
 	canceled := !stopWatching()
 	close(stopSampling)
 	sampler.Wait()
-	killGroup(pgid)
+	t.kill()
 	drained := make(chan struct{})
 	go func() {
 		output.Wait()
@@ -286,25 +335,72 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	return status, outcomeExited, nil
 }
 
-// command prepares a program of an org with the org's environment, in its own process
-// group. Pdeathsig kills it with the host (strictly: with the host thread that started it,
-// and Go retires threads only for goroutines that exit while locked to one).
-func (p *Process) command(org string, dirs orgDirs, args, env []string) (*exec.Cmd, error) {
+// command prepares a program of an org's unit with the org's environment, in its own
+// process group, and in a sandbox when there is one: then it also returns the pipe on
+// which bubblewrap reports the sandbox (see start). Pdeathsig kills it with the host
+// (strictly: with the host thread that started it, and Go retires threads only for
+// goroutines that exit while locked to one); a sandbox dies with its bubblewrap.
+func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*exec.Cmd, *os.File, error) {
 	program, err := p.program(args[0])
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cmd := exec.Command(program, args[1:]...)
-	cmd.Dir = dirs.home
-	cmd.Env = append([]string{
+	env = append([]string{
 		"PATH=" + p.cfg.BinDir + string(os.PathListSeparator) + os.Getenv("PATH"),
 		"HOME=" + dirs.home,
 		"HERMES_HOME=" + dirs.home,
 		"HERMES_WORKSPACES=" + dirs.workspaces,
 		"HERMES_ORG=" + org,
 	}, env...)
+	var cmd *exec.Cmd
+	var info *os.File
+	if p.box == nil {
+		cmd = exec.Command(program, args[1:]...)
+	} else {
+		if err := p.box.own(dirs); err != nil {
+			return nil, nil, err
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		info = r
+		// ExtraFiles[0] is descriptor 3 in bubblewrap.
+		cmd = exec.Command(p.box.bwrap, p.box.args(unit, dirs, program, args[1:], agentPaths(env), 3)...)
+		cmd.ExtraFiles = []*os.File{w}
+	}
+	cmd.Dir = dirs.home
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	return cmd, nil
+	return cmd, info, nil
+}
+
+// start starts a command made by command and returns its tree.
+func start(cmd *exec.Cmd, info *os.File) (*tree, error) {
+	err := cmd.Start()
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	if err != nil {
+		if info != nil {
+			info.Close()
+		}
+		return nil, err
+	}
+	if info == nil {
+		return groupTree(cmd.Process.Pid), nil
+	}
+	return sandboxTree(info, cmd.Process.Pid), nil
+}
+
+// closeInfo releases the pipes of a command made by command that is not started.
+func closeInfo(cmd *exec.Cmd, info *os.File) {
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	if info != nil {
+		info.Close()
+	}
 }
 
 func (p *Process) program(name string) (string, error) {
@@ -339,7 +435,7 @@ func (p *Process) Stop(ctx context.Context, org string, role Role) error {
 	if u == nil {
 		return nil
 	}
-	killGroup(u.pid)
+	u.tree.kill()
 	select {
 	case <-u.exited:
 	case <-ctx.Done():
@@ -381,7 +477,7 @@ func (p *Process) Reap(ctx context.Context) (Reaped, error) {
 	p.mu.Unlock()
 	var err error
 	for _, u := range idle {
-		killGroup(u.pid)
+		u.tree.kill()
 		select {
 		case <-u.exited:
 			reaped.Idle++
@@ -395,12 +491,18 @@ func (p *Process) Reap(ctx context.Context) (Reaped, error) {
 	return reaped, err
 }
 
-// Close kills every subprocess and waits until each is reaped.
+// Close kills every subprocess, with everything each started, and waits until each is
+// reaped.
 func (p *Process) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	for _, u := range p.units {
-		killGroup(u.pid)
+		u.tree.kill()
+		for e := range u.execs {
+			if e.tree != nil {
+				e.tree.kill()
+			}
+		}
 	}
 	p.units = make(map[string]*processUnit)
 	p.mu.Unlock()
@@ -412,14 +514,14 @@ func (u *processUnit) unit(running bool) Unit {
 	return Unit{Org: u.org, Role: u.role, Name: u.name, ID: strconv.Itoa(u.pid), Running: running}
 }
 
-// limitMemory kills the exec's process group once its resident memory passes limit.
-func limitMemory(e *processExec, pgid int, limit int64, stop <-chan struct{}) {
+// limitMemory kills the exec's tree once its resident memory passes limit.
+func limitMemory(e *processExec, t *tree, limit int64, stop <-chan struct{}) {
 	tick := time.NewTicker(memorySampleInterval)
 	defer tick.Stop()
 	for {
-		if groupResident(pgid) > limit {
+		if t.resident() > limit {
 			e.outOfMemory.Store(true)
-			killGroup(pgid)
+			t.kill()
 			return
 		}
 		select {
@@ -430,8 +532,9 @@ func limitMemory(e *processExec, pgid int, limit int64, stop <-chan struct{}) {
 	}
 }
 
-// groupResident sums the resident memory of the processes in a process group.
-func groupResident(pgid int) int64 {
+// residentWhere sums the resident memory of the processes that match, given the pid and
+// the fields of /proc/<pid>/stat after the command name (state ppid pgrp ...).
+func residentWhere(match func(pid string, fields []string) bool) int64 {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
@@ -449,7 +552,7 @@ func groupResident(pgid int) int64 {
 		// Fields after the command name, which may itself hold spaces and parentheses:
 		// state ppid pgrp ... with rss the 22nd.
 		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 22 || fields[2] != strconv.Itoa(pgid) {
+		if len(fields) < 22 || !match(entry.Name(), fields) {
 			continue
 		}
 		pages, err := strconv.ParseInt(fields[21], 10, 64)

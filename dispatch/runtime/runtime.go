@@ -200,6 +200,9 @@ type Config struct {
 
 	// BinDir is where Process finds the programs that commands name.
 	BinDir string
+	// Sandbox is how Process confines each org's programs (Process only); the zero
+	// value uses bubblewrap where it works and says loudly where it does not.
+	Sandbox Sandbox
 	// Output receives what Process workers and dashboards print outside an exec;
 	// default os.Stderr.
 	Output io.Writer

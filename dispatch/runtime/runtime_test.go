@@ -30,6 +30,11 @@ import (
 // Runtime interface: how to open it, and how to look at it from outside.
 type harness struct {
 	kind string
+	// name sets apart harnesses of one kind; default kind.
+	name string
+	// sandboxed says whether each exec runs in a sandbox of its own, where it sees no
+	// other process.
+	sandboxed bool
 	// available skips or fails the test when the implementation cannot run here.
 	available func(t testing.TB)
 	open      func(ctx context.Context, cfg Config) (Runtime, error)
@@ -59,9 +64,24 @@ func harnesses() []harness {
 			exposed:          dockerExposed,
 		},
 		{
-			kind:       "process",
-			available:  func(testing.TB) {},
-			open:       func(ctx context.Context, cfg Config) (Runtime, error) { return NewProcess(cfg) },
+			kind:          "process",
+			name:          "process-sandboxed",
+			sandboxed:     true,
+			available:     requireBwrap,
+			open:          func(ctx context.Context, cfg Config) (Runtime, error) { return openSandboxed(cfg) },
+			isolatesHomes: true,
+			homeInside:    func(cfg Config, org string) string { return filepath.Join(cfg.OrgsRoot, org) },
+			kill:          killProcessGroup,
+			exposed:       func(t *testing.T, rt Runtime, cfg Config, org string) string { return hostCmdlines(t) },
+		},
+		{
+			kind:      "process",
+			name:      "process-unsandboxed",
+			available: func(testing.TB) {},
+			open: func(ctx context.Context, cfg Config) (Runtime, error) {
+				cfg.Sandbox.Mode = SandboxNone
+				return NewProcess(cfg)
+			},
 			homeInside: func(cfg Config, org string) string { return filepath.Join(cfg.OrgsRoot, org) },
 			kill:       killProcessGroup,
 			exposed:    func(t *testing.T, rt Runtime, cfg Config, org string) string { return hostCmdlines(t) },
@@ -89,7 +109,11 @@ var runtimeCases = []struct {
 
 func TestRuntimes(t *testing.T) {
 	for _, h := range harnesses() {
-		t.Run(h.kind, func(t *testing.T) {
+		name := h.name
+		if name == "" {
+			name = h.kind
+		}
+		t.Run(name, func(t *testing.T) {
 			h.available(t)
 			for _, tc := range runtimeCases {
 				t.Run(tc.name, func(t *testing.T) { tc.run(t, h) })
@@ -324,8 +348,12 @@ func testCancel(t *testing.T, h harness) {
 	if _, err := bufio.NewReader(stdoutR).ReadString('\n'); err != nil {
 		t.Fatalf("tree never reported its child: %v", err)
 	}
-	if got := processesTagged(t, tag); got != 2 {
-		t.Fatalf("%d processes tagged %s before cancel, want 2", got, tag)
+	want := 2
+	if h.sandboxed {
+		want += 2 // bubblewrap and the sandbox's pid 1 carry the command line too
+	}
+	if got := processesTagged(t, tag); got != want {
+		t.Fatalf("%d processes tagged %s before cancel, want %d", got, tag, want)
 	}
 	cancel()
 	err := <-done
@@ -394,7 +422,12 @@ func testSecrets(t *testing.T, h harness) {
 		t.Fatalf("echo holding the token did not start: %v", err)
 	}
 	inside, _, _ := run(t, rt, org, "", nil, "testagent", "cmdlines")
-	if !strings.Contains(inside, "testagent echo") {
+	switch {
+	case h.sandboxed && strings.Contains(inside, "testagent echo"):
+		t.Fatalf("an exec sees another one running in its own sandbox:\n%s", inside)
+	case h.sandboxed && !strings.Contains(inside, "testagent cmdlines"):
+		t.Fatalf("the process list seen from inside misses the exec itself:\n%s", inside)
+	case !h.sandboxed && !strings.Contains(inside, "testagent echo"):
 		t.Fatalf("the process list seen from inside misses the running exec:\n%s", inside)
 	}
 	exposed := h.exposed(t, rt, cfg, org)
@@ -448,7 +481,7 @@ func testKilledFromOutside(t *testing.T, h harness) {
 
 func testIsolation(t *testing.T, h harness) {
 	if !h.isolatesHomes {
-		t.Skipf("the %s runtime runs every org as the host's user: only docker isolates homes", h.kind)
+		t.Skipf("the %s runtime runs every org as the host's user: only docker and a sandbox isolate homes", h.kind)
 	}
 	cfg := testConfig(t, nil)
 	rt := h.start(t, cfg)
