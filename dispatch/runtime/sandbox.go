@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -294,48 +293,18 @@ func (b *bwrapSandbox) binDirPrograms() []string {
 
 // own makes the org's home and workspaces, and everything in them, the sandbox uid's,
 // when the host runs as root; the host writes there (SOUL.md, config, job inputs) as
-// root. Links are changed, never followed, and the walk cannot leave the folder through
+// root. chownTree changes links, never follows them, and cannot leave the folder through
 // one (os.Root), whatever an agent left there.
 func (b *bwrapSandbox) own(dirs orgDirs) error {
 	if b.setpriv == "" {
 		return nil
 	}
 	for _, dir := range []string{dirs.home, dirs.workspaces} {
-		if err := ownTree(dir, b.uid, b.gid); err != nil {
+		if _, err := chownTree(dir, b.uid, b.gid); err != nil {
 			return fmt.Errorf("own %s for the sandbox: %w", dir, err)
 		}
 	}
 	return nil
-}
-
-func ownTree(dir string, uid, gid int) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	return fs.WalkDir(root.FS(), ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // removed while we walked
-			}
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
-			return nil
-		}
-		if err := root.Lchown(path, uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		return nil
-	})
 }
 
 // tree is one started program and everything it starts: the process group of a plain
