@@ -18,6 +18,10 @@ import (
 // LoginSessionOperator is the login session's key holding the logged-in operator's name.
 const LoginSessionOperator = "operator"
 
+// LoginSessionPasswordAt is the login session's key holding when the operator's password
+// was set, as at the login (Unix nanoseconds): a password changed since ends the session.
+const LoginSessionPasswordAt = "password_at"
+
 // Launcher is the launcher's pages: login, logout, and the index of the operator's orgs.
 type Launcher struct {
 	Pages

@@ -29,7 +29,7 @@ func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
 		wait := max(time.Until(throttled.Until), time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second).Seconds())))
 		h.Render(w, r, http.StatusTooManyRequests, templates.LoginPage(templates.LoginView{Name: name, Next: next,
-			Error: "Too many failed logins for this name. Try again after " + throttled.Until.UTC().Format("15:04 UTC") + "."}))
+			Error: "Too many failed logins for this name from here. Try again after " + throttled.Until.UTC().Format("15:04:05 UTC") + "."}))
 		return
 	}
 	if errors.Is(err, operator.ErrBadLogin) {
@@ -46,6 +46,7 @@ func (h *Launcher) Login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.LoginSessions.Put(r.Context(), LoginSessionOperator, op.Name)
+	h.LoginSessions.Put(r.Context(), LoginSessionPasswordAt, op.PasswordAt.UnixNano())
 	h.Log.Info("operator logged in", "operator", op.Name, "remote", r.RemoteAddr)
 	Redirect(w, r, next)
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"time"
 	"unicode/utf8"
@@ -71,6 +72,8 @@ type Store struct {
 	// dummy is compared against when the name is unknown, so that a login for a name that
 	// does not exist takes as long as one with a wrong password.
 	dummy []byte
+	// checks holds a place per bcrypt comparison of a login running (maxChecks).
+	checks chan struct{}
 }
 
 // New is a Store on pool whose new hashes have bcrypt cost cost (DefaultCost when zero).
@@ -85,7 +88,7 @@ func New(pool *pgxpool.Pool, cost int) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("operator store: %w", err)
 	}
-	return &Store{pool: pool, cost: cost, dummy: dummy}, nil
+	return &Store{pool: pool, cost: cost, dummy: dummy, checks: make(chan struct{}, maxChecks)}, nil
 }
 
 func invalid(format string, a ...any) error {
@@ -333,14 +336,22 @@ func (s *Store) Events(ctx context.Context, name string, limit int) ([]Event, er
 	return evs, nil
 }
 
-// Login throttling: after MaxLoginFailures refused logins of a name within
-// LoginFailureWindow (since its last good login or password change), its logins are refused
-// unchecked until the oldest of them leaves the window. Names that are no operator's count
-// alike, so the throttle does not tell which names exist.
+// Login throttling, per name and client address: MaxLoginFailures tries that were not a
+// good login (within LoginFailureWindow of each other) are checked; past them a try from
+// that address is checked only once a delay has passed since its last one, a delay that
+// doubles with each further try (from one second, up to LoginFailureWindow). A good login
+// from an address clears its count. Another address is counted apart, so strangers slow a
+// name down from where they are and never lock its operator out from elsewhere. Names that
+// are no operator's count alike, so the throttle does not tell which names exist.
 const (
 	MaxLoginFailures   = 10
 	LoginFailureWindow = 15 * time.Minute
+	firstLoginDelay    = time.Second
 )
+
+// maxChecks bounds the bcrypt comparisons running at once for logins: each takes tens of
+// milliseconds of a core, and unauthenticated requests must not take them all.
+const maxChecks = 4
 
 // ThrottledError is ErrThrottled with when the name may try again.
 type ThrottledError struct{ Until time.Time }
@@ -351,20 +362,46 @@ func (e *ThrottledError) Error() string {
 
 func (e *ThrottledError) Unwrap() error { return ErrThrottled }
 
-// throttled reports until when name's logins are refused unchecked, or zero.
-func (s *Store) throttled(ctx context.Context, name string) (time.Time, error) {
-	var n int
-	var oldest *time.Time
+// reserveTry counts a try of name from client before its password is checked, in the same
+// statement that checks the limit: under the limit (or past the delay) it is counted and
+// may be checked (zero time); otherwise it is refused unchecked until the time returned.
+func (s *Store) reserveTry(ctx context.Context, name, client string) (time.Time, error) {
+	var allowed bool
+	var until time.Time
 	err := s.pool.QueryRow(ctx, `
-SELECT count(*), min(at) FROM (
-    SELECT at FROM operator_events
-     WHERE operator = $1 AND kind = 'login_refused' AND at > now() - $2::interval
-       AND id > coalesce((SELECT max(id) FROM operator_events WHERE operator = $1 AND kind IN ('login', 'password')), 0)
-     ORDER BY id DESC LIMIT $3) recent`, name, LoginFailureWindow.String(), MaxLoginFailures).Scan(&n, &oldest)
-	if err != nil || n < MaxLoginFailures || oldest == nil {
+WITH try AS (
+    INSERT INTO login_throttle AS t (name, client, failures) VALUES ($1, $2, 1)
+    ON CONFLICT (name, client) DO UPDATE
+       SET failures = CASE WHEN t.last_at < now() - $3::interval THEN 1 ELSE t.failures + 1 END, last_at = now()
+     WHERE t.failures < $4 OR t.last_at < now() - $3::interval
+        OR t.last_at < now() - least($3::interval, $5::interval * power(2, t.failures - $4))
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM try),
+       coalesce((SELECT last_at + least($3::interval, $5::interval * power(2, failures - $4))
+                   FROM login_throttle WHERE name = $1 AND client = $2), now())`,
+		name, client, LoginFailureWindow.String(), MaxLoginFailures, firstLoginDelay.String()).Scan(&allowed, &until)
+	if err != nil || allowed {
 		return time.Time{}, err
 	}
-	return oldest.Add(LoginFailureWindow), nil
+	return until, nil
+}
+
+// clientOf is the address part of from (host:port, as a request's RemoteAddr).
+func clientOf(from string) string {
+	if host, _, err := net.SplitHostPort(from); err == nil {
+		return host
+	}
+	return from
+}
+
+// PruneThrottle forgets the counts of addresses that have not tried within the window.
+func (s *Store) PruneThrottle(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM login_throttle WHERE last_at < now() - $1::interval`, LoginFailureWindow.String())
+	if err != nil {
+		return fmt.Errorf("prune login throttle: %w", err)
+	}
+	return nil
 }
 
 // Authenticate checks a login: the operator with their grants, or ErrBadLogin for a wrong
@@ -375,14 +412,21 @@ func (s *Store) Authenticate(ctx context.Context, name, password, from string) (
 	if from == "" {
 		from = "unknown"
 	}
+	client := clientOf(from)
 	if CheckName(name) == nil {
-		until, err := s.throttled(ctx, name)
+		until, err := s.reserveTry(ctx, name, client)
 		if err != nil {
 			return Operator{}, fmt.Errorf("log in %s: %w", name, err)
 		}
 		if !until.IsZero() {
 			return Operator{}, &ThrottledError{Until: until}
 		}
+	}
+	select {
+	case s.checks <- struct{}{}:
+		defer func() { <-s.checks }()
+	case <-ctx.Done():
+		return Operator{}, fmt.Errorf("log in %s: %w", name, context.Cause(ctx))
 	}
 	var hash string
 	var disabled bool
@@ -415,6 +459,9 @@ func (s *Store) Authenticate(ctx context.Context, name, password, from string) (
 		return Operator{}, ErrBadLogin
 	}
 	if err := s.event(ctx, s.pool, name, "login", "", from); err != nil {
+		return Operator{}, fmt.Errorf("log in %s: %w", name, err)
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM login_throttle WHERE name = $1 AND client = $2`, name, client); err != nil {
 		return Operator{}, fmt.Errorf("log in %s: %w", name, err)
 	}
 	return s.get(ctx, s.pool, name)

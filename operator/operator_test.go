@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,7 +237,7 @@ func TestBadOperatorInputIsRefusedAndWritesNothing(t *testing.T) {
 	}
 }
 
-func TestTooManyFailedLoginsThrottleTheNameAlikeForUnknownNames(t *testing.T) {
+func TestTooManyFailedLoginsThrottleTheNameFromThatAddressAlikeForUnknownNames(t *testing.T) {
 	s, pool := newStore(t)
 	ctx := context.Background()
 	if err := s.Add(ctx, "ada", good, "root"); err != nil {
@@ -243,7 +245,7 @@ func TestTooManyFailedLoginsThrottleTheNameAlikeForUnknownNames(t *testing.T) {
 	}
 	for _, name := range []string{"ada", "nobody"} {
 		for i := range MaxLoginFailures {
-			if _, err := s.Authenticate(ctx, name, "wrong password here", "10.0.0.1"); !errors.Is(err, ErrBadLogin) {
+			if _, err := s.Authenticate(ctx, name, "wrong password here", "10.0.0.1:4711"); !errors.Is(err, ErrBadLogin) {
 				t.Fatalf("%s failure %d: %v", name, i+1, err)
 			}
 		}
@@ -251,25 +253,82 @@ func TestTooManyFailedLoginsThrottleTheNameAlikeForUnknownNames(t *testing.T) {
 		if name == "nobody" {
 			pw = "anything at all here"
 		}
-		_, err := s.Authenticate(ctx, name, pw, "10.0.0.1")
+		// The port is no other client: the address is.
+		_, err := s.Authenticate(ctx, name, pw, "10.0.0.1:4712")
 		var th *ThrottledError
-		if !errors.As(err, &th) || !errors.Is(err, ErrThrottled) || time.Until(th.Until) < LoginFailureWindow-time.Minute {
-			t.Fatalf("%s after %d failures: %v (an unknown name must be throttled alike)", name, MaxLoginFailures, err)
+		if !errors.As(err, &th) || !errors.Is(err, ErrThrottled) || time.Until(th.Until) > 2*time.Second {
+			t.Fatalf("%s after %d failures: %v (an unknown name must be throttled alike, for a second)", name, MaxLoginFailures, err)
 		}
 	}
-	// The window passes: ada may log in, and the good login starts the count again.
-	if _, err := pool.Exec(ctx, `UPDATE operator_events SET at = at - interval '16 minutes'`); err != nil {
+	// From elsewhere the operator logs in meanwhile.
+	if _, err := s.Authenticate(ctx, "ada", good, "192.0.2.7:1"); err != nil {
+		t.Fatalf("from another address: %v", err)
+	}
+	// Past the delay one more try is checked, and the next delay is twice as long.
+	if _, err := pool.Exec(ctx, `UPDATE login_throttle SET last_at = last_at - interval '2 seconds'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1"); err != nil {
+	if _, err := s.Authenticate(ctx, "ada", "wrong password here", "10.0.0.1:1"); !errors.Is(err, ErrBadLogin) {
+		t.Fatalf("past the delay: %v", err)
+	}
+	_, err := s.Authenticate(ctx, "ada", good, "10.0.0.1:1")
+	var th *ThrottledError
+	if !errors.As(err, &th) || time.Until(th.Until) < time.Second || time.Until(th.Until) > 3*time.Second {
+		t.Fatalf("after one more failure: %v, want a delay of two seconds", err)
+	}
+	// The window passes: ada may log in, and the good login starts the count again.
+	if _, err := pool.Exec(ctx, `UPDATE login_throttle SET last_at = last_at - interval '16 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1:1"); err != nil {
 		t.Fatalf("after the window: %v", err)
 	}
 	for range MaxLoginFailures - 1 {
-		if _, err := s.Authenticate(ctx, "ada", "wrong password here", "10.0.0.1"); !errors.Is(err, ErrBadLogin) {
+		if _, err := s.Authenticate(ctx, "ada", "wrong password here", "10.0.0.1:1"); !errors.Is(err, ErrBadLogin) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1"); err != nil {
+	if _, err := s.Authenticate(ctx, "ada", good, "10.0.0.1:1"); err != nil {
 		t.Fatalf("one failure short of the limit: %v", err)
+	}
+	if err := s.PruneThrottle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// 40 wrong tries at once from one address: no more than the limit are checked (each
+// checked one leaves a login_refused event), the rest refused unchecked; the operator logs
+// in from another address meanwhile.
+func TestParallelTriesGetNoMoreChecksThanTheLimit(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	if err := s.Add(ctx, "admin", good, "root"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var throttled, refused atomic.Int32
+	for range 40 {
+		wg.Go(func() {
+			_, err := s.Authenticate(ctx, "admin", "wrong password here", "203.0.113.9:5000")
+			switch {
+			case errors.Is(err, ErrThrottled):
+				throttled.Add(1)
+			case errors.Is(err, ErrBadLogin):
+				refused.Add(1)
+			default:
+				t.Errorf("a try: %v", err)
+			}
+		})
+	}
+	if _, err := s.Authenticate(ctx, "admin", good, "198.51.100.1:443"); err != nil {
+		t.Errorf("the operator from elsewhere, meanwhile: %v", err)
+	}
+	wg.Wait()
+	var checked int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM operator_events WHERE operator = 'admin' AND kind = 'login_refused'`).Scan(&checked); err != nil {
+		t.Fatal(err)
+	}
+	if refused.Load() != MaxLoginFailures || checked != MaxLoginFailures || throttled.Load() != 40-MaxLoginFailures {
+		t.Fatalf("%d refused after a check (%d events), %d throttled; want %d checked of 40", refused.Load(), checked, throttled.Load(), MaxLoginFailures)
 	}
 }

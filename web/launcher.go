@@ -49,9 +49,10 @@ type LauncherConfig struct {
 
 // Launcher is the launcher's HTTP handler. Close stops its session cleanup.
 type Launcher struct {
-	handler http.Handler
-	stop    chan struct{}
-	done    chan struct{}
+	handler   http.Handler
+	operators *operator.Store
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 // NewLauncher builds the launcher on ops' router (/healthz and /metrics beside it).
@@ -136,7 +137,7 @@ func NewLauncher(ops *service.Ops, cfg LauncherConfig) (*Launcher, error) {
 			})
 		})
 	})
-	l := &Launcher{handler: r, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Launcher{handler: r, operators: cfg.Operators, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.cleanup(cfg.DB, ops)
 	return l, nil
 }
@@ -167,6 +168,9 @@ func (l *Launcher) cleanup(db *pgxpool.Pool, ops *service.Ops) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if _, err := db.Exec(ctx, `DELETE FROM sessions WHERE expiry < now()`); err != nil {
 			ops.Log.Warn("launcher: delete expired sessions", "err", err)
+		}
+		if err := l.operators.PruneThrottle(ctx); err != nil {
+			ops.Log.Warn("launcher: forget old login tries", "err", err)
 		}
 		cancel()
 	}
@@ -214,15 +218,19 @@ func requireOperator(loginSessions *scs.SessionManager, ops *operator.Store, pag
 			}
 			if name != "" {
 				op, err := ops.Get(r.Context(), name)
+				// A password set since the login (by the operator elsewhere, or an admin who
+				// suspects a stolen one) ends every login session made with the old one.
+				samePassword := loginSessions.GetInt64(r.Context(), handlers.LoginSessionPasswordAt) == op.PasswordAt.UnixNano()
 				switch {
-				case err == nil && !op.Disabled:
+				case err == nil && !op.Disabled && samePassword:
 					next.ServeHTTP(w, r.WithContext(handlers.WithOperator(r.Context(), op)))
 					return
 				case err != nil && !errors.Is(err, operator.ErrNotFound):
 					pages.Failed(w, r, fmt.Errorf("read the login session's operator %s: %w", name, err))
 					return
 				}
-				// Removed or disabled since the login: the login session ends here.
+				// Removed, disabled or given a new password since the login: the login
+				// session ends here.
 				if err := loginSessions.Destroy(r.Context()); err != nil {
 					pages.Log.Error("launcher: end a login session", "err", err)
 				}

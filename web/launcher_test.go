@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -325,4 +326,48 @@ func TestTheLauncherSendsHSTSOnlyWithASecureCookie(t *testing.T) {
 	secure.browser().GET("/login").Expect().Status(http.StatusOK).Header("Strict-Transport-Security").IsEqual("max-age=31536000")
 	plain := newLauncherFixture(t, nil)
 	plain.browser().GET("/login").Expect().Status(http.StatusOK).Header("Strict-Transport-Security").IsEmpty()
+}
+
+// browserFrom is f.browser whose connections come from the loopback address ip.
+func (f *fixture) browserFrom(ip string) *httpexpect.Expect {
+	jar, _ := cookiejar.New(nil)
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return httpexpect.WithConfig(httpexpect.Config{
+		BaseURL:  f.srv.URL,
+		Reporter: httpexpect.NewAssertReporter(f.t),
+		Client: &http.Client{
+			Jar:           jar,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Transport:     testio.ReadWhole{Next: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}},
+		},
+	})
+}
+
+// 40 wrong logins for ada at once from one address: at most the limit get a password check
+// (401), the rest 429 unchecked; ada logs in from another address meanwhile, and a new
+// password for her ends that login session on its next request.
+func TestLoginsUnderAttackNeitherPassTheLimitNorLockTheOperatorOut(t *testing.T) {
+	f := newLauncherFixture(t, nil)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	for range 40 {
+		wg.Go(func() {
+			code := login(f.browserFrom("127.0.0.1"), "ada", "not ada's password at all").Raw().StatusCode
+			mu.Lock()
+			codes[code]++
+			mu.Unlock()
+		})
+	}
+	ada := f.browserFrom("127.0.0.2")
+	login(ada, "ada", password).Status(http.StatusSeeOther)
+	wg.Wait()
+	if codes[http.StatusUnauthorized] > operator.MaxLoginFailures || codes[http.StatusUnauthorized]+codes[http.StatusTooManyRequests] != 40 {
+		t.Fatalf("answers to the 40 tries: %v; want at most %d checked (401), the rest 429", codes, operator.MaxLoginFailures)
+	}
+	ada.GET("/").Expect().Status(http.StatusOK)
+	if err := f.ops.SetPassword(context.Background(), "ada", "a brand new long passphrase", "root"); err != nil {
+		t.Fatal(err)
+	}
+	ada.GET("/").Expect().Status(http.StatusSeeOther).Header("Location").HasPrefix("/login")
 }
