@@ -16,9 +16,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
+
+	"hermeshost/orgid"
 )
 
 // Header carries the assertion on a proxied request.
@@ -39,19 +40,15 @@ var (
 	ErrWrongOrg = errors.New("assertion is for another organization")
 )
 
-var orgPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
 // OrgKey is org's verification key, hex, derived from the shared secret.
 func OrgKey(secret, org string) (string, error) {
 	if secret == "" {
 		return "", errors.New("dashboard assertion key: the secret is empty")
 	}
-	if !orgPattern.MatchString(org) {
-		return "", fmt.Errorf("dashboard assertion key: invalid organization id %q", org)
+	if err := orgid.Check(org); err != nil {
+		return "", fmt.Errorf("dashboard assertion key: %w", err)
 	}
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte("hermes-dashboard-assertion/v1/" + org))
-	return hex.EncodeToString(m.Sum(nil)), nil
+	return hex.EncodeToString(orgid.MAC(secret, "hermes-dashboard-assertion/v1/", org)), nil
 }
 
 // Claims is what an assertion says.
@@ -115,7 +112,7 @@ type Verifier struct {
 
 // NewVerifier checks assertions for org with its hex key (OrgKey); now is the clock.
 func NewVerifier(org, hexKey string, now func() time.Time) (*Verifier, error) {
-	if !orgPattern.MatchString(org) {
+	if !orgid.Valid(org) {
 		return nil, fmt.Errorf("dashboard assertion: invalid organization id %q", org)
 	}
 	if b, err := hex.DecodeString(hexKey); err != nil || len(b) != sha256.Size {

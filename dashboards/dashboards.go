@@ -26,6 +26,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/orgid"
 )
 
 // State is where an org's dashboard is in its life.
@@ -72,7 +74,6 @@ var (
 )
 
 var (
-	orgPattern      = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 )
 
@@ -141,8 +142,8 @@ func clip(s string) string {
 }
 
 func checkOrg(org string) error {
-	if !orgPattern.MatchString(org) {
-		return invalid("organization id %q must match %s", clip(org), orgPattern)
+	if !orgid.Valid(org) {
+		return invalid("organization id %q must match %s", clip(org), orgid.Rule)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -21,6 +22,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"hermeshost/orgid"
 	"hermeshost/service"
 )
 
@@ -154,8 +156,8 @@ func TestOrgKeyFormatAndBadOrgs(t *testing.T) {
 		t.Fatal("the key does not depend on the secret")
 	}
 	for _, bad := range []string{"", "Acme", "a_b", "-a", "a/b", strings.Repeat("a", 64)} {
-		if _, err := OrgKey(testSecret, bad); !errors.Is(err, ErrBadOrg) {
-			t.Errorf("OrgKey(%q): want ErrBadOrg, got %v", bad, err)
+		if _, err := OrgKey(testSecret, bad); !errors.Is(err, orgid.ErrInvalid) {
+			t.Errorf("OrgKey(%q): want orgid.ErrInvalid, got %v", bad, err)
 		}
 	}
 	if _, err := OrgKey("", "acme"); err == nil {
@@ -518,4 +520,9 @@ func TestUpstreamDownIs502(t *testing.T) {
 	if _, code := openAIError(t, body); code != "upstream_unreachable" {
 		t.Fatalf("code %q", code)
 	}
+}
+
+// orgMAC is the MAC part of a gateway key of org under secret.
+func orgMAC(secret, org string) string {
+	return base64.RawURLEncoding.EncodeToString(orgid.MAC(secret, keyPurpose, org))
 }

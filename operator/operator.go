@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
 
-	"hermeshost/gateway"
+	"hermeshost/orgid"
 )
 
 // Password limits: bcrypt reads at most 72 bytes, and a longer password must not pass for
@@ -123,7 +123,7 @@ func CheckPassword(password string) error {
 }
 
 func checkOrg(org string) error {
-	if !gateway.ValidOrg(org) {
+	if !orgid.Valid(org) {
 		return invalid("organization id %q is not one (lower-case letters, digits and dashes)", clip(org))
 	}
 	return nil

@@ -24,10 +24,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
+
+	"hermeshost/orgid"
 )
 
 // ErrInvalidID is returned for an org id that is not ^[a-z0-9][a-z0-9-]{0,62}$.
@@ -37,11 +38,9 @@ var ErrInvalidID = errors.New("invalid organization id")
 // byte, or resolves through a symlink to somewhere outside the home.
 var ErrOutsideHome = errors.New("path leaves the organization home")
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
 // ValidID reports whether id may name an organization home.
 func ValidID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !orgid.Valid(id) {
 		return fmt.Errorf("%w %q: want 1-63 lowercase letters, digits or hyphens, not starting with a hyphen", ErrInvalidID, id)
 	}
 	return nil

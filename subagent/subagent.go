@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"hermeshost/gateway"
+	"hermeshost/orgid"
 	"hermeshost/pg"
 )
 
@@ -181,7 +181,7 @@ func invalid(format string, a ...any) error {
 }
 
 func checkOrg(org string) error {
-	if !gateway.ValidOrg(org) {
+	if !orgid.Valid(org) {
 		return invalid("organization id %q is not one (lower-case letters, digits and dashes)", clip(org))
 	}
 	return nil

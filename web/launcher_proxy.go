@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"hermeshost/dashboards"
 	"hermeshost/handlers"
 	"hermeshost/operator"
+	"hermeshost/orgid"
 	"hermeshost/service"
 	"hermeshost/static"
 	"hermeshost/templates"
@@ -47,8 +47,6 @@ type dashboardProxy struct {
 
 // seenEvery bounds how often a dashboard's use is written: the idle timeout is minutes.
 const seenEvery = 30 * time.Second
-
-var orgIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // proxiedTypes are the responses a dashboard may send through the proxy. Its pages share
 // the launcher's origin, so nothing that could run there as script or style comes from a
@@ -247,7 +245,7 @@ func (p *dashboardProxy) failed(w http.ResponseWriter, r *http.Request, err erro
 
 // allowed checks the org id and the operator's grant; a refusal has been answered.
 func (p *dashboardProxy) allowed(w http.ResponseWriter, r *http.Request, name, org string) bool {
-	if !orgIDPattern.MatchString(org) {
+	if !orgid.Valid(org) {
 		p.pages.NotFound(w, r, "There is no organization of that name.")
 		return false
 	}
