@@ -25,6 +25,10 @@ const memorySampleInterval = 50 * time.Millisecond
 // its process group was killed; only a process that left the group can hold them longer.
 const outputDrainWait = 2 * time.Second
 
+// sandboxGoneWait bounds how long an ended sandbox's namespace may take to empty once its
+// pid 1 was killed; the kernel does it at once unless a process is stuck in the kernel.
+const sandboxGoneWait = 10 * time.Second
+
 var errClosed = errors.New("runtime closed")
 
 // Process runs each org's worker and dashboard as local subprocesses, each in its own
@@ -184,6 +188,7 @@ func (p *Process) ensure(ctx context.Context, org string, role Role, args, secre
 // takes everything started in it along.
 func (p *Process) unitEnded(u *processUnit, waitErr error) {
 	u.tree.kill()
+	u.tree.waitGone(sandboxGoneWait)
 	u.tree.release()
 	p.mu.Lock()
 	close(u.exited)
@@ -298,13 +303,14 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	}
 	stopWatching := context.AfterFunc(ctx, t.kill)
 
-	// In a sandbox bubblewrap exits only once its pid namespace is empty: when its pid 1
-	// sees the program exit, it exits, and the kernel kills the rest.
 	waitErr := cmd.Wait()
 	canceled := !stopWatching()
 	close(stopSampling)
 	sampler.Wait()
 	t.kill()
+	// In a sandbox everything the program started, detached or not, dies with the
+	// namespace's pid 1: gone before Exec returns.
+	t.waitGone(sandboxGoneWait)
 	drained := make(chan struct{})
 	go func() {
 		output.Wait()

@@ -363,9 +363,8 @@ func parentOf(pid int) int {
 }
 
 // kill kills everything in the tree. In a sandbox that is its pid 1: the kernel then
-// kills every other process of the namespace, and bubblewrap exits only once they are
-// all gone, so waiting for the started process waits for the whole tree. bubblewrap
-// itself is left to exit, since killing it first would let it go before its namespace.
+// kills every other process of the namespace. bubblewrap itself is left to exit; see
+// waitGone for when the namespace is empty.
 func (t *tree) kill() {
 	t.mu.Lock()
 	sandboxed := t.pidfd >= 0
@@ -375,6 +374,28 @@ func (t *tree) kill() {
 	t.mu.Unlock()
 	if !sandboxed {
 		killGroup(t.pgid)
+	}
+}
+
+// waitGone returns once the sandbox's pid 1 has exited, which is after every other process
+// of its namespace has: bubblewrap itself exits as soon as the program does (its pid 1
+// tells it so), and its pid 1, killed with it (--die-with-parent) or here, takes the rest
+// of the namespace along a moment later. Call it after the started process was reaped.
+func (t *tree) waitGone(timeout time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pidfd < 0 {
+		return
+	}
+	_ = unix.PidfdSendSignal(t.pidfd, unix.SIGKILL, nil, 0)
+	deadline := time.Now().Add(timeout)
+	for {
+		// A pidfd polls readable once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(t.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(time.Until(deadline)/time.Millisecond)+1)
+		if (err == nil && n > 0) || (err != nil && err != unix.EINTR) || time.Now().After(deadline) {
+			return
+		}
 	}
 }
 
