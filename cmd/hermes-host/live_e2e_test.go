@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -477,8 +478,18 @@ func writeKnobs(t *testing.T, home string, k scriptedagent.Knobs) {
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := atomicfile.Write(filepath.Join(home, scriptedagent.KnobsFile), b, 0o600); err != nil {
+	p := filepath.Join(home, scriptedagent.KnobsFile)
+	if err := atomicfile.Write(p, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// A sandboxed unit already running there (a dashboard) runs as the home's owner, which
+	// the runtime made the sandbox's uid: the file must be that uid's too.
+	if fi, err := os.Stat(home); err == nil && os.Geteuid() == 0 {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if err := os.Chown(p, int(st.Uid), int(st.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
