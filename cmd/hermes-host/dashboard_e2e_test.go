@@ -100,6 +100,7 @@ type devRun struct {
 	launcher string
 	login    [2]string
 	logs     *testio.Buffer
+	stdout   *testio.Buffer
 	cmd      *exec.Cmd
 }
 
@@ -122,7 +123,7 @@ func startDev(t *testing.T, orgsRoot string, env ...string) *devRun {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	run := &devRun{logs: logs, cmd: cmd}
+	run := &devRun{logs: logs, stdout: &stdout, cmd: cmd}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})

@@ -58,6 +58,11 @@ func devCommand() *cli.Command {
 					bs = readBackendSettings(e, false)
 					readGateway(e, &gw)
 					readDispatcher(e, &ds, false)
+					// A developer's dev, not root, cannot give the homes to another uid: its
+					// units run as the developer unless told otherwise.
+					if _, set := os.LookupEnv(config.UnitUser.Name); !set && os.Getuid() != 0 {
+						ds.unitUser = fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid())
+					}
 					// dev claims unless told not to; elsewhere claiming is opt-in.
 					ds.claim = true
 					if _, set := os.LookupEnv(config.ClaimEnabled.Name); set {
@@ -136,6 +141,13 @@ func devCommand() *cli.Command {
 					return err
 				}
 				ds.dbURL, ds.apiURL, ds.bot = url, backendSrv.URL(), bs.cfg.BotToken
+				// A machine without bubblewrap still runs the demo, saying plainly beside the
+				// launcher's address that its orgs are not isolated from each other.
+				ds.allowUnisolated = true
+				ds.announceUnisolated = func(err error) {
+					fmt.Printf("WARNING: ORGS ARE NOT ISOLATED FROM EACH OTHER on this machine: %v.\n"+
+						"Install bubblewrap (Debian: apt-get install bubblewrap) or use Docker before running anyone's agent here.\n\n", err)
+				}
 				ds.controlAddr = *controlAddr
 				ds.stopUnits = true
 				ds.gatewayURL, ds.gatewayKey, ds.gatewaySec = gatewayURL, gw.hostKey, gw.secret

@@ -46,6 +46,15 @@ type dispatcherSettings struct {
 	dashSecret service.Secret
 	dashIdle   time.Duration
 	runtime    string
+	// limits bound every org unit (UNIT_*_LIMIT); unitUser is the uid:gid in containers.
+	limits   runtime.Limits
+	unitUser string
+	// sandbox is the process runtime's (HERMES_SANDBOX); allowUnisolated lets it run
+	// without one (HERMES_ALLOW_UNISOLATED, always in dev), which announceUnisolated, when
+	// set, tells the operator besides the log.
+	sandbox            string
+	allowUnisolated    bool
+	announceUnisolated func(error)
 	// stopUnits removes the org containers on exit (dev: a local run leaves nothing
 	// behind); a production dispatcher leaves them for its next start to adopt.
 	stopUnits bool
@@ -57,7 +66,8 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
-	config.ShutdownGrace, config.LogLevel}
+	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser,
+	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.dbURL = e.Required(config.DatabaseURL)
@@ -78,6 +88,8 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.workerImage = e.String(config.WorkerImage)
 	s.dashImage = e.String(config.DashboardImage)
 	s.runtime = e.OneOf(config.Runtime, "auto", "docker", "process")
+	s.sandbox = e.OneOf(config.Sandbox, runtime.SandboxAuto, runtime.SandboxBwrap, runtime.SandboxNone)
+	s.allowUnisolated = e.Bool(config.AllowUnisolated)
 	s.leaseTTL = e.Duration(config.LeaseTTL)
 	s.maxOrgs = e.Int(config.MaxOrgs)
 	s.jobGrace = e.Duration(config.JobGrace)
@@ -88,6 +100,9 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.controlSecret = service.Secret(e.String(config.ControlSecret))
 	s.dashSecret = service.Secret(e.String(config.DashboardSecret))
 	s.dashIdle = e.Duration(config.DashboardIdleTimeout)
+	l := e.UnitLimits()
+	s.limits = runtime.Limits{MemoryBytes: l.MemoryBytes, NanoCPUs: l.NanoCPUs, Pids: l.Pids}
+	s.unitUser = e.UnitUser()
 	// The workers' own settings, passed on when the operator set them (the worker has the
 	// same defaults).
 	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes,
@@ -155,9 +170,14 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: "host", BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
-		Metrics: runtime.NewMetrics(ops.Registry),
+		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
+		Sandbox: runtime.Sandbox{Mode: s.sandbox},
 	})
 	if err != nil {
+		return err
+	}
+	if err := checkIsolation(rt, log, s); err != nil {
+		rt.Close()
 		return err
 	}
 	defer rt.Close()
@@ -218,7 +238,12 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		// process ones die with it, and dev removes its units.
 		KeepDashboards: !s.stopUnits && rt.Kind() == "docker",
 	})
+	if s.limits.MemoryBytes == 0 || s.limits.NanoCPUs == 0 || s.limits.Pids == 0 {
+		log.Warn("org units are unbounded where a limit is 0 (UNIT_LIMITS_NONE=true)", "memory_bytes", s.limits.MemoryBytes,
+			"nano_cpus", s.limits.NanoCPUs, "pids", s.limits.Pids)
+	}
 	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(),
+		"unit_memory_bytes", s.limits.MemoryBytes, "unit_nano_cpus", s.limits.NanoCPUs, "unit_pids", s.limits.Pids, "unit_user", s.unitUser,
 		"instance", s.instance, "holder", d.Holder(), "status_url", srv.URL())
 	dashDone := make(chan struct{})
 	go func() {
