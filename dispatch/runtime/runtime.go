@@ -19,6 +19,8 @@ import (
 	"regexp"
 	"sync"
 	"time"
+
+	"hermeshost/orgid"
 )
 
 // Runtime is what the dispatcher needs to run an org's work. Org IDs are validated with
@@ -133,12 +135,11 @@ var (
 	ErrNameTaken = errors.New("container name taken")
 )
 
-var orgPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // ValidateOrg accepts the organization IDs that are safe as container names and path
 // elements.
 func ValidateOrg(org string) error {
-	if !orgPattern.MatchString(org) {
+	if !orgid.Valid(org) {
 		return fmt.Errorf("%w: %q", ErrInvalidOrg, org)
 	}
 	return nil
@@ -194,8 +195,9 @@ type Config struct {
 	// default /home/hermes. Workspaces appear at WorkspacesMount, default /workspaces.
 	HomeMount       string
 	WorkspacesMount string
-	// User is the uid:gid programs run as in a container (Docker only); default the
-	// host process's own, so files in the home keep one owner.
+	// User is the uid:gid an org's programs run as. Docker takes DefaultUser (10001:10001)
+	// when it is empty, never the host's own uid, and gives the home and workspaces to it;
+	// elsewhere empty means the host process's own.
 	User string
 
 	// BinDir is where Process finds the programs that commands name.
