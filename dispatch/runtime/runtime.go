@@ -135,7 +135,6 @@ var (
 	ErrNameTaken = errors.New("container name taken")
 )
 
-
 // ValidateOrg accepts the organization IDs that are safe as container names and path
 // elements.
 func ValidateOrg(org string) error {
