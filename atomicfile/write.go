@@ -313,19 +313,8 @@ func (r *rootedFS) OpenFile(name string, flag int, perm fs.FileMode) (file, erro
 	return r.root.OpenFile(rel, flag, perm)
 }
 
-func (r *rootedFS) Rename(oldpath, newpath string) error {
-	o, err := r.rel(oldpath)
-	if err != nil {
-		return err
-	}
-	n, err := r.rel(newpath)
-	if err != nil {
-		return err
-	}
-	return r.root.Rename(o, n)
-}
-
-func (r *rootedFS) Link(oldname, newname string) error {
+// both is rel of two names, for the operations that take two.
+func (r *rootedFS) both(oldname, newname string, op func(string, string) error) error {
 	o, err := r.rel(oldname)
 	if err != nil {
 		return err
@@ -334,8 +323,14 @@ func (r *rootedFS) Link(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	return r.root.Link(o, n)
+	return op(o, n)
 }
+
+func (r *rootedFS) Rename(oldpath, newpath string) error {
+	return r.both(oldpath, newpath, r.root.Rename)
+}
+
+func (r *rootedFS) Link(oldname, newname string) error { return r.both(oldname, newname, r.root.Link) }
 
 func (r *rootedFS) Remove(name string) error {
 	rel, err := r.rel(name)
