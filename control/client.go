@@ -177,10 +177,11 @@ func (c *Client) Acquire(ctx context.Context, key, holder string, ttl, wait time
 func (c *Client) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
 	var out Lease
 	err := c.do(ctx, "refresh", http.MethodPost, "/v1/leases/refresh", nil,
-		refreshRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch, TTLMS: ceilMillis(ttl)}, &out)
+		refreshRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch, Secret: l.Secret, TTLMS: ceilMillis(ttl)}, &out)
 	if err != nil {
 		return l, err
 	}
+	out.Secret = l.Secret // the server does not send it back
 	return out, nil
 }
 
@@ -188,7 +189,7 @@ func (c *Client) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease
 // key since.
 func (c *Client) Release(ctx context.Context, l Lease) error {
 	return c.do(ctx, "release", http.MethodPost, "/v1/leases/release", nil,
-		releaseRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch}, nil)
+		releaseRequest{Key: l.Key, Holder: l.Holder, Epoch: l.Epoch, Secret: l.Secret}, nil)
 }
 
 // Holder says who holds key; IsNotFound when nobody ever took it.

@@ -148,7 +148,9 @@ func (s *Server) leaseAcquire(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		s.internal(w, r, err)
 	default:
-		writeJSON(w, http.StatusOK, wireLease(key, l))
+		held := wireLease(key, l)
+		held.Secret = l.Secret // the holder's alone: refresh and release need it
+		writeJSON(w, http.StatusOK, held)
 	}
 }
 
@@ -156,6 +158,7 @@ type refreshRequest struct {
 	Key    string `json:"key"`
 	Holder string `json:"holder"`
 	Epoch  int64  `json:"epoch"`
+	Secret string `json:"secret"`
 	TTLMS  int64  `json:"ttl_ms"`
 }
 
@@ -173,7 +176,7 @@ func (s *Server) leaseRefresh(w http.ResponseWriter, r *http.Request) {
 	if !checkLeaseInput(w, lease.CheckHolder(req.Holder)) || !checkTTL(w, ttl) || !checkEpoch(w, req.Epoch) {
 		return
 	}
-	l, err := s.cfg.Leases.Refresh(r.Context(), lease.Lease{Key: key.stored, Holder: req.Holder, Epoch: req.Epoch}, ttl)
+	l, err := s.cfg.Leases.Refresh(r.Context(), lease.Lease{Key: key.stored, Holder: req.Holder, Epoch: req.Epoch, Secret: req.Secret}, ttl)
 	switch {
 	case errors.Is(err, lease.ErrLost):
 		writeLost(w, key, req.Holder, req.Epoch)
@@ -193,6 +196,7 @@ type releaseRequest struct {
 	Key    string `json:"key"`
 	Holder string `json:"holder"`
 	Epoch  int64  `json:"epoch"`
+	Secret string `json:"secret"`
 }
 
 // leaseRelease is POST /v1/leases/release: free a holding of this holder's.
@@ -208,7 +212,7 @@ func (s *Server) leaseRelease(w http.ResponseWriter, r *http.Request) {
 	if !checkLeaseInput(w, lease.CheckHolder(req.Holder)) || !checkEpoch(w, req.Epoch) {
 		return
 	}
-	err := s.cfg.Leases.Release(r.Context(), lease.Lease{Key: key.stored, Holder: req.Holder, Epoch: req.Epoch})
+	err := s.cfg.Leases.Release(r.Context(), lease.Lease{Key: key.stored, Holder: req.Holder, Epoch: req.Epoch, Secret: req.Secret})
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)

@@ -31,8 +31,28 @@ func TestHomeLeaseAcquireRefreshRelease(t *testing.T) {
 	held.HasValue("error", "held").HasValue("holder", "worker-1").HasValue("epoch", 1).ContainsKey("expires_at")
 	held.Value("message").String().Contains("home:acme").NotContains("session:")
 
+	if len(l.Secret) < 20 {
+		t.Fatalf("the acquire answered secret %q", l.Secret)
+	}
+	// Knowing the key, the holder and the epoch (any key of the org's reads them) is not
+	// enough: without the holding's secret a release and a refresh are refused and the
+	// holding is left as it was.
+	before := f.snapshot()
+	for _, secret := range []any{nil, "", "guessed"} {
+		body := acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}
+		if secret != nil {
+			body["secret"] = secret
+		}
+		a.POST("/v1/leases/release").WithJSON(body).Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "not_holder")
+		body["ttl_ms"] = 3600000
+		a.POST("/v1/leases/refresh").WithJSON(body).Expect().Status(http.StatusConflict).JSON().Object().HasValue("error", "lost")
+	}
+	if after := f.snapshot(); after != before {
+		t.Fatalf("refused calls changed the lease:\n%s\nthen\n%s", before, after)
+	}
+
 	var r Lease
-	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "ttl_ms": 3600000}).
+	a.POST("/v1/leases/refresh").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "secret": l.Secret, "ttl_ms": 3600000}).
 		Expect().Status(http.StatusOK).JSON().Decode(&r)
 	if r.Key != "home:acme" || r.Epoch != 1 || !r.AcquiredAt.Equal(l.AcquiredAt) || !r.ExpiresAt.After(l.ExpiresAt) {
 		t.Fatalf("refreshed %+v from %+v", r, l)
@@ -40,9 +60,13 @@ func TestHomeLeaseAcquireRefreshRelease(t *testing.T) {
 	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().
 		HasValue("held", true).HasValue("holder", "worker-1").HasValue("epoch", 1)
 
-	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}).
+	if r.Secret != "" {
+		t.Fatal("a refresh's answer carries the secret")
+	}
+	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().NotContainsKey("secret")
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "secret": l.Secret}).
 		Expect().Status(http.StatusNoContent).NoContent()
-	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1}).
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "home:acme", "holder": "worker-1", "epoch": 1, "secret": l.Secret}).
 		Expect().Status(http.StatusNoContent)
 	a.GET("/v1/leases/home:acme").Expect().Status(http.StatusOK).JSON().Object().
 		IsEqual(map[string]any{"key": "home:acme", "holder": "", "epoch": 1, "held": false})
@@ -161,7 +185,7 @@ func TestWaitingAcquireGetsTheLeaseWhenReleased(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:turn", "holder": "first", "epoch": first.Epoch}).
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:turn", "holder": "first", "epoch": first.Epoch, "secret": first.Secret}).
 		Expect().Status(http.StatusNoContent)
 	released := time.Now()
 	r := <-done
@@ -195,6 +219,7 @@ func TestLeaseListShowsOnlyTheCallersOwnHomeAndSessionLeases(t *testing.T) {
 	a.GET("/v1/leases").Expect().Status(http.StatusOK).JSON().Object().
 		IsEqual(map[string]any{"leases": []any{}, "truncated": false})
 
+	secrets := map[string]string{}
 	for _, take := range []struct {
 		e      *httpexpect.Expect
 		key    string
@@ -206,8 +231,10 @@ func TestLeaseListShowsOnlyTheCallersOwnHomeAndSessionLeases(t *testing.T) {
 		{b, "home:globex", "worker-b"},
 		{b, "session:chat-1", "turn-b1"},
 	} {
+		var l Lease
 		take.e.POST("/v1/leases/acquire").WithJSON(acquireBody{"key": take.key, "holder": take.holder, "ttl_ms": 60000}).
-			Expect().Status(http.StatusOK)
+			Expect().Status(http.StatusOK).JSON().Decode(&l)
+		secrets[take.key+"/"+take.holder] = l.Secret
 	}
 	// Stored keys another org's listing must not pick up: a home whose id starts with
 	// acme's, a session of that org, and the dispatcher's ownership leases.
@@ -217,7 +244,7 @@ func TestLeaseListShowsOnlyTheCallersOwnHomeAndSessionLeases(t *testing.T) {
 		}
 	}
 	// chat-2 is released: still listed (its epoch stays), not held.
-	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:chat-2", "holder": "turn-a2", "epoch": 1}).
+	a.POST("/v1/leases/release").WithJSON(acquireBody{"key": "session:chat-2", "holder": "turn-a2", "epoch": 1, "secret": secrets["session:chat-2/turn-a2"]}).
 		Expect().Status(http.StatusNoContent)
 	before := f.snapshot()
 

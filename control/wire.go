@@ -47,6 +47,9 @@ type Lease struct {
 	Epoch      int64     `json:"epoch"`
 	AcquiredAt time.Time `json:"acquired_at,omitzero"`
 	ExpiresAt  time.Time `json:"expires_at,omitzero"`
+	// Secret is the holding's, in an acquire's answer only: refresh and release send it
+	// back. Nothing that lists or shows leases carries it.
+	Secret string `json:"secret,omitempty"`
 }
 
 // LeaseInfo is GET /v1/leases/{key}: the key's last holding, and whether it is held now

@@ -34,6 +34,9 @@ type Lease struct {
 	Epoch      int64
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
+	// Secret is the holding's own, handed out by Acquire (the database keeps only its
+	// hash): Refresh and Release need it, so knowing key, holder and epoch is not enough.
+	Secret string
 }
 
 // Info is what the database says about a key now.

@@ -124,8 +124,8 @@ func TestRefreshReturnsTheWholeHolding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only what a remote caller knows: key, holder and epoch.
-	r, err := f.store.Refresh(ctx, Lease{Key: a.Key, Holder: a.Holder, Epoch: a.Epoch}, time.Hour)
+	// Only what a remote caller knows: key, holder, epoch and the holding's secret.
+	r, err := f.store.Refresh(ctx, Lease{Key: a.Key, Holder: a.Holder, Epoch: a.Epoch, Secret: a.Secret}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,5 +530,54 @@ func TestConcurrentTryAcquireHasOneWinner(t *testing.T) {
 	wg.Wait()
 	if winners != 1 {
 		t.Fatalf("%d winners", winners)
+	}
+}
+
+// Only the holder ends or extends a holding: one who read its key, holder and epoch but
+// lacks its secret (or brings another holding's) is refused, and the holding is intact.
+func TestRefreshAndReleaseNeedTheHoldingsSecret(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	a, err := f.store.TryAcquire(ctx, "home:acme", "worker-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Secret) < 20 {
+		t.Fatalf("the holding's secret %q", a.Secret)
+	}
+	before, err := f.store.Holder(ctx, "home:acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.store.TryAcquire(ctx, "home:globex", "worker-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"", "guessed", other.Secret} {
+		read := Lease{Key: a.Key, Holder: a.Holder, Epoch: a.Epoch, Secret: secret}
+		if _, err := f.store.Refresh(ctx, read, time.Hour); !errors.Is(err, ErrLost) {
+			t.Errorf("refresh with secret %q: %v", secret, err)
+		}
+		if err := f.store.Release(ctx, read); !errors.Is(err, ErrNotHolder) {
+			t.Errorf("release with secret %q: %v", secret, err)
+		}
+	}
+	after, err := f.store.Holder(ctx, "home:acme")
+	if err != nil || after.Holder != "worker-a" || after.Epoch != a.Epoch || !after.ExpiresAt.Equal(before.ExpiresAt) {
+		t.Fatalf("the holding after the refused calls: %+v (was %+v), %v", after, before, err)
+	}
+	if _, err := f.store.Refresh(ctx, a, time.Hour); err != nil {
+		t.Fatalf("the holder's own refresh: %v", err)
+	}
+	if err := f.store.Release(ctx, a); err != nil {
+		t.Fatalf("the holder's own release: %v", err)
+	}
+	// A new holding of the key has a new secret: the old one opens nothing.
+	b, err := f.store.TryAcquire(ctx, "home:acme", "worker-a", time.Minute)
+	if err != nil || b.Secret == a.Secret {
+		t.Fatalf("the next holding %+v, %v", b, err)
+	}
+	if _, err := f.store.Refresh(ctx, Lease{Key: b.Key, Holder: b.Holder, Epoch: b.Epoch, Secret: a.Secret}, time.Hour); !errors.Is(err, ErrLost) {
+		t.Fatalf("the last holding's secret on the next: %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package lease
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,6 +86,7 @@ func (s *Store) tryAcquire(ctx context.Context, key, holder string, ttl, waitFor
 	var l Lease
 	var won bool
 	var takenFrom *string
+	secret := rand.Text()
 	// Without waitFor the update only touches a row that is free or expired, so a contended
 	// attempt takes no row lock and never stalls the holder's fenced writes. With it, the
 	// same single UPDATE either takes a free row or marks a held one as waited for: a
@@ -99,12 +102,13 @@ WITH up AS (
         taken_from    = CASE WHEN l.holder IS NULL OR l.expires_at <= now() THEN l.holder ELSE l.taken_from END,
         waiting_until = CASE WHEN l.holder IS NULL OR l.expires_at <= now() THEN NULL
                              ELSE greatest(l.waiting_until, now() + $4 * interval '1 microsecond') END,
+        secret_hash   = CASE WHEN l.holder IS NULL OR l.expires_at <= now() THEN $5 ELSE l.secret_hash END,
         updated_at    = now()
      WHERE l.key = $1 AND ($4 > 0 OR l.holder IS NULL OR l.expires_at <= now())
     RETURNING key, holder, epoch, acquired_at, expires_at, taken_from, (holder = $2 AND acquired_at = now()) AS won
 ), ins AS (
-    INSERT INTO leases (key, holder, epoch, acquired_at, expires_at, updated_at)
-    SELECT $1, $2, 1, now(), now() + $3 * interval '1 microsecond', now()
+    INSERT INTO leases (key, holder, epoch, acquired_at, expires_at, secret_hash, updated_at)
+    SELECT $1, $2, 1, now(), now() + $3 * interval '1 microsecond', $5, now()
      WHERE NOT EXISTS (SELECT 1 FROM leases WHERE key = $1)
     ON CONFLICT (key) DO NOTHING
     RETURNING key, holder, epoch, acquired_at, expires_at, taken_from, true AS won
@@ -120,7 +124,7 @@ SELECT false, key, holder, epoch, acquired_at, expires_at, NULL FROM up WHERE NO
 UNION ALL
 SELECT false, key, coalesce(holder, ''), epoch, coalesce(acquired_at, 'epoch'::timestamptz), coalesce(expires_at, 'epoch'::timestamptz), NULL
   FROM leases WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)`,
-		key, holder, micros(ttl), micros(waitFor)).Scan(&won, &l.Key, &l.Holder, &l.Epoch, &l.AcquiredAt, &l.ExpiresAt, &takenFrom)
+		key, holder, micros(ttl), micros(waitFor), secretHash(secret)).Scan(&won, &l.Key, &l.Holder, &l.Epoch, &l.AcquiredAt, &l.ExpiresAt, &takenFrom)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent first insert of the key won; say who on the next try.
 		s.metrics.contended.WithLabelValues(Namespace(key)).Inc()
@@ -139,7 +143,14 @@ SELECT false, key, coalesce(holder, ''), epoch, coalesce(acquired_at, 'epoch'::t
 		s.log.Info("lease taken over after expiry", "key", key, "holder", holder, "epoch", l.Epoch, "previous_holder", *takenFrom)
 	}
 	s.metrics.event(kind, key)
+	l.Secret = secret
 	return l, nil
+}
+
+// secretHash is what the database keeps of a holding's secret.
+func secretHash(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
 }
 
 // Refresh extends l by ttl while its holder and epoch still match and it has not expired;
@@ -155,11 +166,12 @@ func (s *Store) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 WITH up AS (
     UPDATE leases SET expires_at = now() + $4 * interval '1 microsecond', updated_at = now()
      WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+       AND (secret_hash IS NULL OR secret_hash = $5)
     RETURNING key, holder, epoch, acquired_at, expires_at
 ), ev AS (
     INSERT INTO lease_events (key, kind, holder, epoch) SELECT key, 'refresh', holder, epoch FROM up
 )
-SELECT acquired_at, expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl)).Scan(&out.AcquiredAt, &out.ExpiresAt)
+SELECT acquired_at, expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl), secretHash(l.Secret)).Scan(&out.AcquiredAt, &out.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.metrics.refused.WithLabelValues("refresh", Namespace(l.Key)).Inc()
 		return l, fmt.Errorf("refresh %s as %s (epoch %d): %w", l.Key, l.Holder, l.Epoch, ErrLost)
@@ -181,12 +193,12 @@ func (s *Store) Release(ctx context.Context, l Lease) error {
 	tag, err := s.pool.Exec(ctx, `
 WITH up AS (
     UPDATE leases SET holder = NULL, expires_at = NULL, acquired_at = NULL, updated_at = now()
-     WHERE key = $1 AND holder = $2 AND epoch = $3
+     WHERE key = $1 AND holder = $2 AND epoch = $3 AND (secret_hash IS NULL OR secret_hash = $5)
     RETURNING key, epoch, waiting_until > now() AS waited
 ), ev AS (
     INSERT INTO lease_events (key, kind, holder, epoch) SELECT key, 'release', $2, epoch FROM up
 )
-SELECT CASE WHEN waited THEN pg_notify($4, key) END FROM up`, l.Key, l.Holder, l.Epoch, s.channel)
+SELECT CASE WHEN waited THEN pg_notify($4, key) END FROM up`, l.Key, l.Holder, l.Epoch, s.channel, secretHash(l.Secret))
 	if err != nil {
 		return fmt.Errorf("release %s: %w", l.Key, err)
 	}

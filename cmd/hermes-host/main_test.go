@@ -188,8 +188,13 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "rolled back "+files[0]) {
 		t.Fatalf("down: %+v", r)
 	}
-	if got := tablesIn(t, pgtest.URL(t), schema); len(got) >= len(up) || !contains(got, "leases") || !contains(got, "claim_attempts") {
-		t.Fatalf("after one down the newest migration's tables go and the older stay: %v, from %v", got, up)
+	// The newest migration is pending again (it may add a column rather than a table), the
+	// older ones' tables stay.
+	if got := tablesIn(t, pgtest.URL(t), schema); !contains(got, "leases") || !contains(got, "claim_attempts") {
+		t.Fatalf("after one down the older migrations' tables stay: %v, from %v", got, up)
+	}
+	if r = run(t, env, "migrate", "status"); r.code != 0 || !regexp.MustCompile(`(?m)\s+pending\s+-\s+`+regexp.QuoteMeta(files[0])).MatchString(r.stdout) {
+		t.Fatalf("status after one down: %+v", r)
 	}
 	for _, m := range files[1:] {
 		if r = run(t, env, "migrate", "down"); r.code != 0 || !strings.Contains(r.stdout, "rolled back "+m) {
