@@ -17,9 +17,9 @@ import (
 )
 
 // Namespaces a key may use.
-var Namespaces = []string{"session", "home", "org"}
+var Namespaces = []string{"session", "home", "org", "instance"}
 
-var keyPattern = regexp.MustCompile(`^(session|home|org):[A-Za-z0-9._-]{1,200}$`)
+var keyPattern = regexp.MustCompile(`^(session|home|org|instance):[A-Za-z0-9._-]{1,200}$`)
 
 // Limits on what callers pass in.
 const (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -166,12 +167,35 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		return err
 	}
 	ops := service.NewOps(log)
+	// The database first: the instance's lease says no other dispatcher runs under this
+	// name before the runtime adopts (and removes) what it finds of this instance's.
+	if err := migrations.Host.Up(ctx, s.dbURL, log); err != nil {
+		return err
+	}
+	pool, _, err := pg.Open(ctx, s.dbURL, migrations.Host.DefaultSchema)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ops.Health.Probe("database", pool.Ping)
+	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
+	defer leases.Close()
+	kept, err := holdInstance(ctx, leases, s.instance, s.leaseTTL, log)
+	if err != nil {
+		return err
+	}
+	defer releaseInstance(leases, kept, log)
+	outer := ctx
+	ctx = kept.Context() // losing the instance's lease stops this dispatcher
 	rt, err := openRuntime(ctx, s.runtime, runtime.Config{
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: "host", BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
 		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
 		Sandbox: runtime.Sandbox{Mode: s.sandbox},
+		InstanceLive: func(ctx context.Context, instance string) (bool, error) {
+			return instanceLive(ctx, leases, instance)
+		},
 	})
 	if err != nil {
 		return err
@@ -184,17 +208,6 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if s.stopUnits {
 		defer stopUnits(rt, log)
 	}
-	if err := migrations.Host.Up(ctx, s.dbURL, log); err != nil {
-		return err
-	}
-	pool, _, err := pg.Open(ctx, s.dbURL, migrations.Host.DefaultSchema)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	ops.Health.Probe("database", pool.Ping)
-	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
-	defer leases.Close()
 	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
 	defer subagents.Close()
 	dashStore := dashboards.New(pool, dashboards.Options{Log: log, Registerer: ops.Registry})
@@ -265,6 +278,9 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		},
 	})
 	log.Info("dispatcher stopped")
+	if cause := context.Cause(kept.Context()); outer.Err() == nil && cause != nil {
+		return fmt.Errorf("stopped: the lease of HERMES_INSTANCE=%s was lost (%v); another dispatcher may run under this name", s.instance, cause)
+	}
 	return nil
 }
 

@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,15 +82,30 @@ func TestTheDispatchersEnvironmentIsUnreadableToItsOwnUser(t *testing.T) {
 		"SARTIQ_BOT_TOKEN=bot-token-for-this-test", "GATEWAY_URL=http://127.0.0.1:9", "GATEWAY_KEY=host-key-for-this-test",
 		"GATEWAY_SECRET=gateway-secret-for-this-test", "CLAIM_ENABLED=false", "ORGS_ROOT=" + orgs,
 		"CONTROL_ADDR=127.0.0.1:0", "HERMES_RUNTIME=process", "DOCKER_HOST=unix:///nonexistent/docker.sock"}
+	if err := startPolling(t, cmd); err != nil {
+		t.Fatal(err)
+	}
+	if readableBy(t, cmd.Process.Pid) {
+		t.Fatal("a process of the dispatcher's own user read its environment (DATABASE_URL and the secrets)")
+	}
+}
+
+// startPolling starts a dispatcher command and waits until it says it polls, stopping it
+// (SIGTERM, waited for) when the test ends; an error when it exits or takes 30 s first,
+// with what it wrote.
+func startPolling(t *testing.T, cmd *exec.Cmd) error {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 	up := make(chan struct{})
+	var said strings.Builder
+	var mu sync.Mutex
 	go func() {
 		lines := bufio.NewScanner(stderr)
 		for lines.Scan() {
@@ -98,16 +116,18 @@ func TestTheDispatchersEnvironmentIsUnreadableToItsOwnUser(t *testing.T) {
 				close(up)
 				break
 			}
-			t.Log(lines.Text())
+			mu.Lock()
+			said.WriteString(lines.Text() + "\n")
+			mu.Unlock()
 		}
 		_, _ = io.Copy(io.Discard, stderr)
 	}()
 	select {
 	case <-up:
+		return nil
 	case <-time.After(30 * time.Second):
-		t.Fatal("the dispatcher did not start polling")
-	}
-	if readableBy(t, cmd.Process.Pid) {
-		t.Fatal("a process of the dispatcher's own user read its environment (DATABASE_URL and the secrets)")
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Errorf("the dispatcher did not start polling within 30 s:\n%s", said.String())
 	}
 }

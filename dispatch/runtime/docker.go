@@ -175,6 +175,17 @@ func (d *Docker) adopt(ctx context.Context) error {
 			d.log.Info("container adopted", "container", name, "id", shortID(c.ID))
 			continue
 		}
+		if c.Labels[LabelInstance] != d.cfg.Instance {
+			busy, err := d.inUse(ctx, c.ID, c.Labels[LabelInstance])
+			if err != nil {
+				return err
+			}
+			if busy != "" {
+				d.log.Info("container of another instance left alone", "container", name, "id", shortID(c.ID),
+					"instance", c.Labels[LabelInstance], "why", busy)
+				continue
+			}
+		}
 		if err := d.remove(ctx, c.ID); err != nil {
 			return err
 		}
@@ -275,9 +286,40 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		d.mu.Unlock()
 		return info.ID, nil
 	}
+	if labels[LabelInstance] != d.cfg.Instance {
+		busy, err := d.inUse(ctx, info.ID, labels[LabelInstance])
+		if err != nil {
+			return "", err
+		}
+		if busy != "" {
+			return "", fmt.Errorf("container %s: %w: %s", name, ErrNameTaken, busy)
+		}
+	}
 	d.log.Info("container replaced", "container", name, "id", shortID(info.ID), "reason", reason)
 	d.forget(name, "")
 	return "", d.remove(ctx, info.ID)
+}
+
+// inUse says why a container of another instance must be left alone, or "" when it may be
+// removed as a dead instance's: its instance runs (Config.InstanceLive: its dispatcher holds
+// the instance's lease), or an exec runs in it now. An instance whose liveness cannot be
+// told is taken as live: a container left behind costs less than one removed under a job.
+func (d *Docker) inUse(ctx context.Context, id, instance string) (string, error) {
+	if d.cfg.InstanceLive != nil {
+		live, err := d.cfg.InstanceLive(ctx, instance)
+		if err != nil {
+			d.log.Warn("cannot tell whether instance runs; its container is left alone", "instance", instance, "err", err)
+			return "its instance " + strconv.Quote(instance) + " may be running", nil
+		}
+		if live {
+			return "its instance " + strconv.Quote(instance) + " is running", nil
+		}
+	}
+	busy, err := d.execRunning(ctx, id)
+	if err != nil || !busy {
+		return "", err
+	}
+	return "an exec is running in it", nil
 }
 
 func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets, env []string) (string, error) {
@@ -774,11 +816,40 @@ func (d *Docker) reapOne(ctx context.Context, u Unit) (string, error) {
 	if reason == "" {
 		return "", nil
 	}
+	if reason == "idle" {
+		// Idle as this process knows it; an exec another process started (a CLI, a
+		// dispatcher restarted under it) still makes it busy, and busy is never reaped.
+		busy, err := d.execRunning(ctx, u.ID)
+		if err != nil {
+			return "", err
+		}
+		if busy {
+			d.log.Info("idle worker not reaped: an exec is running in it", "container", u.Name, "id", shortID(u.ID))
+			return "", nil
+		}
+	}
 	if err := d.remove(ctx, u.ID); err != nil {
 		return "", err
 	}
 	d.log.Info("container reaped", "container", u.Name, "id", shortID(u.ID), "reason", reason)
 	return reason, nil
+}
+
+// execRunning says whether any exec runs in the container now, whoever started it.
+func (d *Docker) execRunning(ctx context.Context, id string) (bool, error) {
+	info, err := d.cli.ContainerInspect(ctx, id)
+	if cerrdefs.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inspect container %s: %w", shortID(id), err)
+	}
+	for _, e := range info.ExecIDs {
+		if ei, err := d.cli.ContainerExecInspect(ctx, e); err == nil && ei.Running {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // remove kills and removes a container; one already gone is not an error.

@@ -2,15 +2,18 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"hermeshost/internal/testio"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/prometheus/client_golang/prometheus"
@@ -273,4 +276,90 @@ func TestScratchImages(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Two instances on one engine: a restarting one removes a dead instance's containers but
+// leaves those of an instance whose dispatcher runs (InstanceLive), and one with an exec
+// running in it whoever started it; the reaper never removes an idle worker that an exec
+// runs in.
+func TestDockerLeavesALiveInstancesAndABusyContainer(t *testing.T) {
+	requireEngine(t)
+	ctx := testContext(t)
+	cfg := testConfig(t, nil)
+	liveOrg, busyOrg, deadOrg := newOrg(t, cfg, "inst-live"), newOrg(t, cfg, "inst-busy"), newOrg(t, cfg, "inst-dead")
+	started := map[string]Ensured{}
+	for org, instance := range map[string]string{liveOrg: "-live", busyOrg: "-busy", deadOrg: "-dead"} {
+		other := cfg
+		other.Instance, other.Metrics = cfg.Instance+instance, nil
+		// While the three start, each takes the others for live: none removes another's.
+		other.InstanceLive = func(context.Context, string) (bool, error) { return true, nil }
+		rt, err := NewDocker(ctx, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started[org] = mustEnsureWorker(t, rt, org)
+		id := started[org].ID
+		t.Cleanup(func() {
+			_ = suite.engine.ContainerRemove(context.Background(), id, container.RemoveOptions{Force: true})
+		})
+		if org == busyOrg {
+			// An exec still running when another runtime starts: a job of a dispatcher at work.
+			bctx, stop := context.WithCancel(context.Background())
+			ran := make(chan struct{})
+			go func() {
+				defer close(ran)
+				_, _ = rt.Exec(bctx, org, Command{Args: []string{"testagent", "sleep", "1m", "busy"}})
+			}()
+			deadline := time.Now().Add(20 * time.Second)
+			for !strings.Contains(containerProcesses(t, started[org].ID), "busy") {
+				if time.Now().After(deadline) {
+					t.Fatal("the busy exec never started")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Cleanup(func() { stop(); <-ran; _ = rt.Close() })
+			continue
+		}
+		if err := rt.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.InstanceLive = func(_ context.Context, instance string) (bool, error) {
+		return instance == cfg.Instance+"-live", nil
+	}
+	after := dockerHarness().start(t, cfg)
+	for org, want := range map[string]bool{liveOrg: true, busyOrg: true, deadOrg: false} {
+		_, err := suite.engine.ContainerInspect(ctx, started[org].ID)
+		if kept := err == nil; kept != want {
+			t.Errorf("%s's container kept %v, want %v (inspect: %v)", org, kept, want, err)
+		}
+	}
+	// Ensuring the live instance's org here is refused, its container untouched.
+	if _, err := after.EnsureWorker(ctx, liveOrg); !errors.Is(err, ErrNameTaken) {
+		t.Errorf("ensure over a live instance's container: %v", err)
+	}
+	if _, err := suite.engine.ContainerInspect(ctx, started[liveOrg].ID); err != nil {
+		t.Errorf("the live instance's container is gone: %v", err)
+	}
+
+	// This instance's own idle worker, with an exec started outside this process in it.
+	idleCfg := testConfig(t, nil)
+	idleCfg.IdleTimeout = time.Millisecond
+	own := dockerHarness().start(t, idleCfg)
+	idleOrg := newOrg(t, idleCfg, "inst-idle")
+	e := mustEnsureWorker(t, own, idleOrg)
+	exec, err := suite.engine.ContainerExecCreate(ctx, e.ID, container.ExecOptions{Cmd: []string{"testagent", "sleep", "1m", "outside"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := suite.engine.ContainerExecStart(ctx, exec.ID, container.ExecStartOptions{Detach: true}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if reaped, err := own.Reap(ctx); err != nil || reaped.Idle != 0 {
+		t.Fatalf("reap with an exec running: %+v %v", reaped, err)
+	}
+	if _, err := suite.engine.ContainerInspect(ctx, e.ID); err != nil {
+		t.Fatalf("the busy worker was reaped: %v", err)
+	}
 }

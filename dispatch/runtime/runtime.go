@@ -199,6 +199,11 @@ type Config struct {
 	// elsewhere empty means the host process's own.
 	User string
 
+	// InstanceLive says whether a dispatcher of that instance runs now (Docker only): the
+	// containers of a live instance are never removed as a dead one's. Nil takes every
+	// other instance for dead.
+	InstanceLive func(ctx context.Context, instance string) (bool, error)
+
 	// BinDir is where Process finds the programs that commands name.
 	BinDir string
 	// Sandbox is how Process confines each org's programs (Process only); the zero
