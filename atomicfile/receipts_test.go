@@ -368,3 +368,41 @@ func TestAPlantedReceiptsLinkIsRefusedAndLeadsNowhere(t *testing.T) {
 		t.Fatalf("acme's home holds %d entries, want config.yaml alone (no temp file left)", len(entries))
 	}
 }
+
+// WithinFolder: a folder between the given one and the file that is a link out of it
+// fails the write; the folder it led to is untouched.
+func TestAWriteWithinAFolderFollowsNoLinkOutOfIt(t *testing.T) {
+	root := t.TempDir()
+	home, elsewhere := filepath.Join(root, "home"), filepath.Join(root, "elsewhere")
+	for _, d := range []string{home, elsewhere, filepath.Join(home, "real")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(home, "plugins")); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotDir(t, elsewhere)
+	if err := Write(filepath.Join(home, "plugins", "x.py"), []byte("planted"), 0o600, WithinFolder(home)); err == nil {
+		t.Fatal("a write through a link out of the folder succeeded")
+	}
+	if after := snapshotDir(t, elsewhere); !maps.Equal(before, after) {
+		t.Fatalf("the folder the link led to changed: %v", after)
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Fatalf("something landed out of the folder: %v", entries)
+	}
+	// A real folder inside is written as usual, with receipts.
+	p := filepath.Join(home, "real", "config.yaml")
+	for _, v := range []string{"v1", "v2"} {
+		if err := Write(p, []byte(v), 0o600, WithinFolder(home), WithReceipts(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := os.ReadFile(p); string(got) != "v2" {
+		t.Fatalf("%q", got)
+	}
+	if rs, err := Receipts(p); err != nil || len(rs) != 1 {
+		t.Fatalf("receipts %v %v", rs, err)
+	}
+}

@@ -58,6 +58,14 @@ func WithClock(now func() time.Time) Option {
 	return func(c *writeConfig) { c.now = now }
 }
 
+// WithinFolder keeps the write inside folder (which must hold path): every step resolves
+// path below folder through an os.Root there, so a symbolic link among the folders in
+// between that leads out of it fails the write instead of being followed. An org's home
+// passes itself. Without it the write stays inside the file's own folder.
+func WithinFolder(folder string) Option {
+	return func(c *writeConfig) { c.within = folder }
+}
+
 // withFileSystem swaps the file operations Write uses; tests use it to inject
 // faults at every step.
 func withFileSystem(fsys fileSystem) Option {
@@ -68,6 +76,7 @@ type writeConfig struct {
 	fsys     fileSystem
 	now      func() time.Time
 	receipts int
+	within   string
 }
 
 func newWriteConfig(opts []Option) *writeConfig {
@@ -94,7 +103,11 @@ const (
 func (c *writeConfig) write(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
 	if _, onDisk := c.fsys.(osFileSystem); onDisk {
-		rooted, err := openRooted(dir)
+		top := dir
+		if c.within != "" {
+			top = c.within
+		}
+		rooted, err := openRooted(top)
 		if err != nil {
 			return &WriteError{Path: path, Op: opCreateTemp, Err: err}
 		}

@@ -29,7 +29,9 @@ func (h *Home) writeOwned(name string, data []byte, perm fs.FileMode, receipt bo
 	if fi, err := h.root.Lstat(name); err == nil && fi.Mode().IsRegular() {
 		perm = fi.Mode().Perm()
 	}
-	var opts []atomicfile.Option
+	// Through the home's own os.Root too: a folder swapped for a link after the check
+	// above still leads nowhere.
+	opts := []atomicfile.Option{atomicfile.WithinFolder(h.Dir)}
 	if receipt {
 		opts = append(opts, atomicfile.WithReceipts(receiptsKept))
 	}
