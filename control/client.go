@@ -104,24 +104,21 @@ func (c *Client) Jobs(ctx context.Context, limit int, cursor string) (JobsPage, 
 	return page, err
 }
 
-// Job is one of the org's jobs with its newest events.
-func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
-	var d JobDetail
-	if id == "" {
-		return d, errors.New("control job: empty job id")
-	}
-	err := c.do(ctx, "job", http.MethodGet, "/v1/jobs/"+url.PathEscape(id), nil, nil, &d)
-	return d, err
-}
+// Job is one of the org's jobs with its newest events (as many as the server shows).
+func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) { return c.job(ctx, id, nil) }
 
 // JobNewest is Job with only its newest events (at most n, from 1 to MaxJobEvents): what a
 // view of the job's state now needs (its newest progress and outcome), not its history.
 func (c *Client) JobNewest(ctx context.Context, id string, n int) (JobDetail, error) {
+	return c.job(ctx, id, url.Values{"events": {strconv.Itoa(n)}})
+}
+
+func (c *Client) job(ctx context.Context, id string, q url.Values) (JobDetail, error) {
 	var d JobDetail
 	if id == "" {
 		return d, errors.New("control job: empty job id")
 	}
-	err := c.do(ctx, "job", http.MethodGet, "/v1/jobs/"+url.PathEscape(id), url.Values{"events": {strconv.Itoa(n)}}, nil, &d)
+	err := c.do(ctx, "job", http.MethodGet, "/v1/jobs/"+url.PathEscape(id), q, nil, &d)
 	return d, err
 }
 

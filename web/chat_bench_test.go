@@ -14,6 +14,7 @@ import (
 	"hermeshost/assertion"
 	"hermeshost/gateway"
 	"hermeshost/hermescli"
+	"hermeshost/internal/latency"
 	"hermeshost/internal/testio"
 	"hermeshost/orghome"
 	"hermeshost/templates"
@@ -97,9 +98,9 @@ func BenchmarkChatTurn(b *testing.B) {
 			a, p, t := turn(b)
 			toAgent, toPage, totals = append(toAgent, a), append(toPage, p), append(totals, t)
 		}
-		reportPercentiles(b, "send-to-agent", toAgent)
-		reportPercentiles(b, "row-to-page", toPage)
-		reportPercentiles(b, "turn", totals)
+		latency.ReportNamed(b, "send-to-agent", toAgent)
+		latency.ReportNamed(b, "row-to-page", toPage)
+		latency.ReportNamed(b, "turn", totals)
 	})
 	b.Run("agent alone", func(b *testing.B) {
 		key, err := gateway.OrgKey(gatewaySecret, "acme")
@@ -116,7 +117,7 @@ func BenchmarkChatTurn(b *testing.B) {
 			}
 			runs = append(runs, time.Since(start))
 		}
-		reportPercentiles(b, "turn", runs)
+		latency.ReportNamed(b, "turn", runs)
 	})
 }
 
@@ -134,15 +135,4 @@ func lastRowAt(b *testing.B, home, session string) time.Time {
 		b.Fatal(err)
 	}
 	return time.UnixMicro(int64(ts * 1e6))
-}
-
-// reportPercentiles reports lat's p50 and p99 in milliseconds as <name>-p50-ms and -p99-ms.
-func reportPercentiles(b *testing.B, name string, lat []time.Duration) {
-	b.Helper()
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, name+"-p50-ms")
-	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, name+"-p99-ms")
 }
