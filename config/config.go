@@ -134,6 +134,10 @@ var (
 		Usage: "allow none in UNIT_MEMORY_LIMIT, UNIT_CPU_LIMIT and UNIT_PIDS_LIMIT (units unbounded there); without it none is refused"})
 	UnitUser = define(Var{Name: "UNIT_USER", Default: "10001:10001",
 		Usage: "the numeric uid:gid programs run as inside org containers; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
+	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",
+		Usage: "isolated: org units are off the host's network (Docker: a bridge network of the host's own; process: a network namespace with only a loopback) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
+	RunRoot = define(Var{Name: "RUN_ROOT",
+		Usage: "folder for the sockets org units reach the host by, and dashboards serve on; default <parent of ORGS_ROOT>/run (a socket's path must stay under 108 bytes)"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",
@@ -275,6 +279,20 @@ func (e *Env) URL(v Var) string {
 		return ""
 	}
 	return strings.TrimRight(s, "/")
+}
+
+// UnitURL reads a URL a unit reaches a host service at: an absolute http(s) URL, or
+// unix:/path naming a socket the runtime mounted into the unit.
+func (e *Env) UnitURL(v Var) string {
+	s := e.raw(v)
+	if rest, ok := strings.CutPrefix(s, "unix:"); ok {
+		if !strings.HasPrefix(rest, "/") || strings.ContainsAny(rest, "?#") {
+			e.fail(v, s, "an absolute http or https URL, or unix:/path/to/socket")
+			return ""
+		}
+		return s
+	}
+	return e.URL(v)
 }
 
 func checkHTTPURL(s string) error {

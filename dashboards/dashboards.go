@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"hermeshost/internal/unitnet"
 	"hermeshost/orgid"
 )
 
@@ -155,10 +156,15 @@ func checkInstance(instance string) error {
 	return nil
 }
 
+// checkURL accepts where a dashboard is reached: an absolute http(s) URL, or the unix:
+// socket it serves on (unitnet.URL).
 func checkURL(raw string) error {
+	if _, ok := unitnet.SocketPath(raw); ok && len(raw) <= maxURLLen {
+		return nil
+	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(raw) > maxURLLen {
-		return invalid("dashboard URL %q is not an absolute http(s) URL of at most %d bytes", clip(raw), maxURLLen)
+		return invalid("dashboard URL %q is not an absolute http(s) URL or unix:/socket of at most %d bytes", clip(raw), maxURLLen)
 	}
 	return nil
 }

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"hermeshost/dashboards"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/unitnet"
 	"hermeshost/lease"
 	"hermeshost/orghome"
 )
@@ -287,9 +286,8 @@ func (d *Dispatcher) startDashboard(ctx context.Context, org, by string) {
 	}
 }
 
-// launchDashboard starts org's dashboard on a free loopback port and returns its URL once
-// /healthz answers. The URL is the unit's own loopback address as the host sees it: the
-// process runtime, or Docker on the host's network.
+// launchDashboard starts org's dashboard on the socket the runtime gives it and returns
+// the URL the host reaches it at once /healthz answers there.
 func (d *Dispatcher) launchDashboard(ctx context.Context, org string, log *slog.Logger) (string, error) {
 	if err := d.ensureSoul(org); err != nil {
 		return "", err
@@ -298,32 +296,28 @@ func (d *Dispatcher) launchDashboard(ctx context.Context, org string, log *slog.
 	if err != nil {
 		return "", err
 	}
+	listen, reach := d.cfg.Runtime.DashboardAddr(org)
 	for try := 1; ; try++ {
-		port, err := freePort()
-		if err != nil {
-			return "", err
-		}
-		addr := "127.0.0.1:" + port
-		// A dashboard already running (one the launcher could not reach, or one bound to
-		// another port) is replaced: EnsureDashboard keeps a running one as it is.
+		// A dashboard already running (one the launcher could not reach, say) is replaced:
+		// EnsureDashboard keeps a running one as it is.
 		if err := d.cfg.Runtime.Stop(ctx, org, runtime.RoleDashboard); err != nil {
 			return "", fmt.Errorf("stop the previous dashboard: %w", err)
 		}
 		if _, err := d.cfg.Runtime.EnsureDashboard(ctx, org, runtime.Dashboard{
-			Args:    []string{"hermes-host", "dashboard", "--org", org, "--addr", addr},
+			Args:    []string{"hermes-host", "dashboard", "--org", org, "--addr", listen},
 			Secrets: secrets,
 			Env:     d.cfg.DashboardEnv,
 		}); err != nil {
 			return "", err
 		}
-		err = d.awaitHealthy(ctx, org, addr)
+		err = d.awaitHealthy(ctx, org, reach)
 		if err == nil {
-			return "http://" + addr, nil
+			return reach, nil
 		}
 		if !errors.Is(err, errDashboardExited) || try == dashboardStartTries {
 			return "", fmt.Errorf("%w (try %d of %d)", err, try, dashboardStartTries)
 		}
-		log.Info("dashboard exited before it answered; trying another port", "port", port)
+		log.Info("dashboard exited before it answered; starting it again")
 	}
 }
 
@@ -362,37 +356,27 @@ func (d *Dispatcher) dashboardSecrets(org string) ([]string, error) {
 		return nil, err
 	}
 	return []string{
-		"CONTROL_URL=" + d.cfg.ControlURL, "CONTROL_KEY=" + controlKey,
-		"GATEWAY_URL=" + d.cfg.GatewayURL, "GATEWAY_KEY=" + gatewayKey,
+		"CONTROL_URL=" + d.unitURL(org, ServiceControl, d.cfg.ControlURL), "CONTROL_KEY=" + controlKey,
+		"GATEWAY_URL=" + d.unitURL(org, ServiceGateway, d.cfg.GatewayURL), "GATEWAY_KEY=" + gatewayKey,
 		"DASHBOARD_ASSERTION_KEY=" + assertionKey,
 	}, nil
 }
 
-// freePort is a loopback port nothing listens on now. Another process may bind it before
-// the dashboard does; the dashboard then exits and the start tries another.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("pick a port for the dashboard: %w", err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	if err := l.Close(); err != nil {
-		return "", fmt.Errorf("pick a port for the dashboard: %w", err)
-	}
-	return port, nil
-}
-
-// awaitHealthy waits up to dashboardHealthWait for GET /healthz at addr to answer 200,
+// awaitHealthy waits up to dashboardHealthWait for GET /healthz at reach (a unix: URL) to answer 200,
 // looking again after 50ms, then less often (up to every 500ms). A unit that exited fails
 // it at once with errDashboardExited.
-func (d *Dispatcher) awaitHealthy(ctx context.Context, org, addr string) error {
+func (d *Dispatcher) awaitHealthy(ctx context.Context, org, reach string) error {
+	sock, ok := unitnet.SocketPath(reach)
+	if !ok {
+		return fmt.Errorf("the runtime gave the dashboard %q, not a unix: URL", reach)
+	}
 	// No idle connections are kept: nothing of this probe outlives it.
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	client := unitnet.HTTPClient(sock, 2*time.Second)
 	deadline := time.Now().Add(dashboardHealthWait)
 	lastUnitCheck := time.Now()
 	wait := 50 * time.Millisecond
 	for {
-		last := probeHealth(ctx, client, "http://"+addr+"/healthz")
+		last := probeHealth(ctx, client, "http://dashboard/healthz")
 		if last == "" {
 			return nil
 		}

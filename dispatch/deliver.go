@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
 	"hermeshost/internal/tail"
+	"hermeshost/internal/unitnet"
 	"hermeshost/lease"
 	"hermeshost/mirror"
 	"hermeshost/sartiq"
@@ -160,7 +163,7 @@ func (d *Dispatcher) prepare(ctx context.Context, c *sartiq.Claim, kept *lease.K
 	if env, err = d.workerEnv(c); err != nil {
 		return nil, nil, err
 	}
-	assignment, _ = json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL, HoldStdin: true})
+	assignment, _ = json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: d.unitManifest(c.ManifestURL), HoldStdin: true})
 	// The agent starts only while the home lease is still this delivery's: a dispatcher
 	// that woke up late after losing it never starts a second agent on the home.
 	if err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
@@ -293,18 +296,63 @@ func (d *Dispatcher) workerEnv(c *sartiq.Claim) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	org := c.OrganizationID
 	env := []string{
-		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + d.cfg.APIURL,
-		"GATEWAY_URL=" + d.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + d.cfg.WorkerModel,
+		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + d.unitURL(org, ServiceAPI, d.cfg.APIURL),
+		"GATEWAY_URL=" + d.unitURL(org, ServiceGateway, d.cfg.GatewayURL), "GATEWAY_KEY=" + key, "WORKER_MODEL=" + d.cfg.WorkerModel,
 	}
 	if d.cfg.ControlURL != "" && d.cfg.ControlKey != nil {
-		ck, err := d.cfg.ControlKey(c.OrganizationID)
+		ck, err := d.cfg.ControlKey(org)
 		if err != nil {
 			return nil, err
 		}
-		env = append(env, "CONTROL_URL="+d.cfg.ControlURL, "CONTROL_KEY="+ck)
+		env = append(env, "CONTROL_URL="+d.unitURL(org, ServiceControl, d.cfg.ControlURL), "CONTROL_KEY="+ck)
 	}
 	return append(env, d.cfg.WorkerEnv...), nil
+}
+
+// The host services an org's units may use (runtime.Config.Services), by name.
+const (
+	ServiceAPI     = "api"     // the Sartiq API, for the worker's calls with its job token
+	ServiceGateway = "gateway" // the model gateway, for the agent with its org's key
+	ServiceControl = "control" // the control API, with the org's control key
+)
+
+// UnitServices are the host services an org's units reach through their sockets
+// (runtime.Config.Services): the backend and the gateway passed on to their addresses, and
+// the control API served by control. Each still asks for the unit's own credential (job
+// token, org keys).
+func UnitServices(apiURL, gatewayURL string, control http.Handler) (map[string]http.Handler, error) {
+	api, err := unitnet.Proxy(apiURL)
+	if err != nil {
+		return nil, fmt.Errorf("SARTIQ_API_URL: %w", err)
+	}
+	gw, err := unitnet.Proxy(gatewayURL)
+	if err != nil {
+		return nil, fmt.Errorf("GATEWAY_URL: %w", err)
+	}
+	return map[string]http.Handler{ServiceAPI: api, ServiceGateway: gw, ServiceControl: control}, nil
+}
+
+// unitURL is where org's units reach a host service: through the socket the runtime
+// serves them, or at its own address when they share the host's network.
+func (d *Dispatcher) unitURL(org, service, direct string) string {
+	if u := d.cfg.Runtime.ServiceURL(org, service); u != "" {
+		return u
+	}
+	return direct
+}
+
+// unitManifest is a claim's manifest URL as the worker is to fetch it: a URL on the API
+// is given as its path, which the worker's client resolves against the address it
+// reaches the API at (a unit off the host's network cannot reach the API's own).
+func (d *Dispatcher) unitManifest(manifest string) string {
+	m, err := url.Parse(manifest)
+	api, err2 := url.Parse(d.cfg.APIURL)
+	if err != nil || err2 != nil || m.Scheme != api.Scheme || m.Host != api.Host {
+		return manifest
+	}
+	return (&url.URL{Path: m.Path, RawPath: m.RawPath, RawQuery: m.RawQuery}).String()
 }
 
 // Bounds of what the dispatcher reads of a worker's progress: the lines it mirrors of one

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
 	"hermeshost/internal/hosttest"
+	"hermeshost/internal/unitnet"
 	"hermeshost/pg/pgtest"
 	"hermeshost/sartiq"
 	"hermeshost/sartiq/backend"
@@ -70,23 +72,51 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 			t.Fatal(err)
 		}
 	}
-	rt, err := runtime.NewProcess(runtime.Config{
-		Instance: "dispatch-test", OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
-		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
 	logs := &testio.Buffer{}
-	return &fixture{backend: b, db: db, logs: logs, cfg: dispatch.Config{
-		Instance: "dispatch-test", Bot: bot, APIURL: b.URL, Runtime: rt, DB: db, OrgsRoot: filepath.Join(root, "orgs"),
+	f := &fixture{backend: b, db: db, logs: logs, cfg: dispatch.Config{
+		Instance: "dispatch-test", Bot: bot, APIURL: b.URL, DB: db, OrgsRoot: filepath.Join(root, "orgs"),
 		GatewayURL: gatewayURL, GatewayKey: "host-key", GatewaySecret: "gw-secret",
 		WorkerModel: gateway.DemoWorkerModel, VisionModel: gateway.DemoVisionModel,
 		WorkerEnv: []string{"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=200ms"},
 		Log:       slog.New(slog.NewJSONHandler(logs, nil)),
 	}}
+	// Sandboxed (where bubblewrap works), the units are off the host's network and reach
+	// the fixture's services through their sockets, as a product's do.
+	rt, err := runtime.NewProcess(runtime.Config{
+		Instance: "dispatch-test", OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
+		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
+		Logger: slog.New(slog.DiscardHandler), Services: f.services(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	f.cfg.Runtime = rt
+	return f
+}
+
+// services are what the fixture's units reach of the host, as a dispatcher serves them
+// (dispatch.UnitServices): its backend, its gateway, and the control API at
+// cfg.ControlURL once a test sets it.
+func (f *fixture) services(t *testing.T) map[string]http.Handler {
+	t.Helper()
+	control := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.cfg.ControlURL == "" {
+			http.Error(w, "no control API in this test", http.StatusServiceUnavailable)
+			return
+		}
+		p, err := unitnet.Proxy(f.cfg.ControlURL)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		p.ServeHTTP(w, r)
+	})
+	s, err := dispatch.UnitServices(f.cfg.APIURL, f.cfg.GatewayURL, control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // dispatcher is a new dispatcher on the fixture's settings, closed when the test ends.

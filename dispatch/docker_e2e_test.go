@@ -39,8 +39,8 @@ func TestDemoJobsCompleteInDockerWorkers(t *testing.T) {
 				t.Errorf("%s: label %s = %q, want %q", name, k, got, want)
 			}
 		}
-		if !info.State.Running || info.Config.Image != dr.image || info.HostConfig.NetworkMode != "host" {
-			t.Errorf("%s: running %v, image %s, network %s; want the test's image running on the host network",
+		if !info.State.Running || info.Config.Image != dr.image || string(info.HostConfig.NetworkMode) != "hermes-units-"+dr.scope {
+			t.Errorf("%s: running %v, image %s, network %s; want the test's image running on the scope's units network",
 				name, info.State.Running, info.Config.Image, info.HostConfig.NetworkMode)
 		}
 	}

@@ -113,8 +113,8 @@ func useDockerWith(t *testing.T, f *fixture, opts dockerOptions) *dockerRuntime 
 		Instance: dr.scope, Scope: dr.scope,
 		OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(f.cfg.OrgsRoot), "workspaces"),
 		WorkerIdle:  []string{"hermes-host", "worker", "idle"},
-		WorkerImage: dr.image, DashboardImage: dr.image, Network: "host",
-		Logger: f.cfg.Log,
+		WorkerImage: dr.image, DashboardImage: dr.image,
+		Logger: f.cfg.Log, Services: f.services(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +133,9 @@ func useDockerWith(t *testing.T, f *fixture, opts dockerOptions) *dockerRuntime 
 			if err := engine.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
 				t.Errorf("remove container %s: %v", c.ID, err)
 			}
+		}
+		if err := engine.NetworkRemove(ctx, "hermes-units-"+dr.scope); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove the test's network: %v", err)
 		}
 		rt.Close()
 	})

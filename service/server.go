@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/internal/unitnet"
 )
 
 // Ops is what every server process carries: its logger, health and metrics.
@@ -105,9 +107,16 @@ type Server struct {
 	grace time.Duration
 }
 
-// Listen binds addr (port 0 picks a free port) and logs the URL it got.
+// Listen binds addr (port 0 picks a free port; unix:/path makes a unix socket there) and
+// logs the URL it got.
 func Listen(name, addr string, h http.Handler, log *slog.Logger, grace time.Duration) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+	var ln net.Listener
+	var err error
+	if path, ok := unitnet.SocketPath(addr); ok {
+		ln, err = unitnet.Listen(path)
+	} else {
+		ln, err = net.Listen("tcp", addr)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen on %s: %w", name, addr, err)
 	}
@@ -133,6 +142,9 @@ func Listen(name, addr string, h http.Handler, log *slog.Logger, grace time.Dura
 
 // URL is the server's base URL, with the port actually bound.
 func (s *Server) URL() string {
+	if u, ok := s.ln.Addr().(*net.UnixAddr); ok {
+		return unitnet.URL(u.Name)
+	}
 	addr := s.ln.Addr().(*net.TCPAddr)
 	host := addr.IP.String()
 	if addr.IP.IsUnspecified() {

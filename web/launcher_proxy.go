@@ -19,6 +19,7 @@ import (
 	"hermeshost/assertion"
 	"hermeshost/dashboards"
 	"hermeshost/handlers"
+	"hermeshost/internal/unitnet"
 	"hermeshost/operator"
 	"hermeshost/orgid"
 	"hermeshost/service"
@@ -57,8 +58,16 @@ type targetKey struct{}
 
 func newDashboardProxy(store *dashboards.Store, ops *operator.Store, signer *assertion.Signer, pages handlers.Pages, unavailable string) *dashboardProxy {
 	p := &dashboardProxy{dashboards: store, operators: ops, signer: signer, pages: pages, log: pages.Log, unavailable: unavailable, seen: map[string]time.Time{}}
+	dialer := &net.Dialer{Timeout: 2 * time.Second}
 	transport := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if t, ok := ctx.Value(targetKey{}).(proxyTarget); ok && t.socket != "" {
+				ctx, cancel := context.WithTimeout(ctx, dialer.Timeout)
+				defer cancel()
+				return unitnet.Dial(ctx, t.socket)
+			}
+			return dialer.DialContext(ctx, network, addr)
+		},
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 60 * time.Second,
@@ -100,6 +109,7 @@ var errBadType = errors.New("the dashboard answered with a content type the laun
 type proxyTarget struct {
 	org       string
 	url       *url.URL
+	socket    string // the dashboard's unix socket, when it serves on one
 	assertion string
 }
 
@@ -142,9 +152,14 @@ func (p *dashboardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.state(w, r, http.StatusServiceUnavailable, view)
 		return
 	}
-	target, err := url.Parse(d.URL)
-	if err != nil || target.Scheme != "http" || target.Host == "" {
-		p.failed(w, r, errors.New("the dashboard's recorded address is not an http URL"))
+	var target *url.URL
+	socket, isSocket := unitnet.SocketPath(d.URL)
+	if isSocket {
+		// A dashboard off the host's network serves on a socket; the host part names
+		// the org, so that pooled connections are never another dashboard's.
+		target = &url.URL{Scheme: "http", Host: "dashboard-" + org + ".unix"}
+	} else if target, err = url.Parse(d.URL); err != nil || target.Scheme != "http" || target.Host == "" {
+		p.failed(w, r, errors.New("the dashboard's recorded address is neither an http URL nor a unix socket"))
 		return
 	}
 	tok, err := p.signer.Sign(op.Name, org)
@@ -153,7 +168,7 @@ func (p *dashboardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.markSeen(r.Context(), org)
-	ctx := context.WithValue(r.Context(), targetKey{}, proxyTarget{org: org, url: target, assertion: tok})
+	ctx := context.WithValue(r.Context(), targetKey{}, proxyTarget{org: org, url: target, socket: socket, assertion: tok})
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 		// A stream lasts as long as the page: it ends when the launcher shuts down, so
 		// that draining waits only for requests that end by themselves.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"hermeshost/config"
 	"hermeshost/control"
 	"hermeshost/hermesplugin"
+	"hermeshost/internal/unitnet"
 	"hermeshost/orghome"
 	"hermeshost/service"
 	"hermeshost/web"
@@ -91,8 +91,13 @@ func readDashboardSecrets(r io.Reader) (dashboardSecrets, error) {
 			return dashboardSecrets{}, fmt.Errorf("stdin: %s is missing", key)
 		}
 	}
-	if u, err := url.Parse(s.gatewayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return dashboardSecrets{}, errors.New("stdin: GATEWAY_URL is not an http(s) URL")
+	for key, v := range map[string]string{"GATEWAY_URL": s.gatewayURL, "CONTROL_URL": s.controlURL} {
+		if _, ok := unitnet.SocketPath(v); ok {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return dashboardSecrets{}, fmt.Errorf("stdin: %s is neither an http(s) URL nor unix:/path", key)
+		}
 	}
 	return s, nil
 }
@@ -120,36 +125,51 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 	if !strings.HasPrefix(s.secrets.gatewayKey.Reveal(), "hgw_"+s.org+"_") {
 		return nil, nil, fmt.Errorf("stdin: GATEWAY_KEY is not a gateway key of org %s", s.org)
 	}
+	// Off the host's network its services are sockets, forwarded on the unit's loopback:
+	// the gateway's at the address the agent's config.yaml names.
+	fwd, stopForwarding := context.WithCancel(context.Background())
+	controlURL, err := unitnet.Resolve(fwd, s.secrets.controlURL, "", ops.Log)
+	if err != nil {
+		stopForwarding()
+		return nil, nil, err
+	}
+	gatewayURL, err := unitnet.Resolve(fwd, s.secrets.gatewayURL, unitnet.GatewayAddr, ops.Log)
+	if err != nil {
+		stopForwarding()
+		return nil, nil, err
+	}
 	home, err := orghome.OpenHome(s.org, s.home)
 	if err != nil {
+		stopForwarding()
 		return nil, nil, err
 	}
 	home.Log = ops.Log
+	closeHome := func() { home.Close(); stopForwarding() }
 	bundled, err := orghome.ReadBundled(s.bundled)
 	if err != nil {
-		home.Close()
+		closeHome()
 		return nil, nil, err
 	}
-	client, err := control.NewClient(s.secrets.controlURL, s.secrets.controlKey.Reveal(), &http.Client{Timeout: 10 * time.Second})
+	client, err := control.NewClient(controlURL, s.secrets.controlKey.Reveal(), &http.Client{Timeout: 10 * time.Second})
 	if err != nil {
-		home.Close()
+		closeHome()
 		return nil, nil, fmt.Errorf("stdin: CONTROL_URL or CONTROL_KEY: %w", err)
 	}
 	runner, err := chat.NewRunner(chat.Config{
 		Org: s.org, Home: home, Control: client, HermesBin: s.hermesBin, MaxTurns: s.maxTurns,
-		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
+		GatewayURL: gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
 		BundledSkills: s.bundled, Bundled: bundled, SkillsMax: s.skillsMax,
 		Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}, Log: ops.Log,
 	})
 	if err != nil {
-		home.Close()
+		closeHome()
 		return nil, nil, err
 	}
-	closeAll := func() { runner.Close(); home.Close() }
+	closeAll := func() { runner.Close(); closeHome() }
 	h, err := web.NewDashboard(ops, web.DashboardConfig{
 		Org: s.org, Home: home, Bundled: bundled, SkillsMax: s.skillsMax,
 		AssertionKey: s.secrets.assertionKey, Control: client,
-		GatewayURL: s.secrets.gatewayURL, GatewayKey: s.secrets.gatewayKey,
+		GatewayURL: gatewayURL, GatewayKey: s.secrets.gatewayKey,
 		HTTPClient: &http.Client{Timeout: 10 * time.Second}, Prefix: s.prefix, Chat: runner,
 	})
 	if err != nil {
@@ -173,7 +193,7 @@ func dashboardCommand() *cli.Command {
 			config.HermesBin, config.MaxTurns, config.WorkerModel}, serverEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			org := fs.String("org", "", "the organization whose dashboard this is (required)")
-			addr := fs.String("addr", "127.0.0.1:8094", "listen address (port 0 picks one)")
+			addr := fs.String("addr", "127.0.0.1:8094", "listen address (port 0 picks one), or unix:/path for a socket")
 			prefix := fs.String("prefix", "", "the path the pages are served under, as the launcher proxies them (default /orgs/ORG)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {

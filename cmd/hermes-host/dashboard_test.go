@@ -57,7 +57,8 @@ func TestDashboardSecretsAreExactlyTheDispatchersLines(t *testing.T) {
 		dashboardStdin(t, "lower=case-secret-value"):                                                                     "stdin line 6 is not a KEY=VALUE line",
 		without("CONTROL_KEY") + "\nCONTROL_KEY=":                                                                        "stdin line 5: CONTROL_KEY is empty",
 		without("DASHBOARD_ASSERTION_KEY"):                                                                               "stdin: DASHBOARD_ASSERTION_KEY is missing",
-		strings.Replace(dashboardStdin(t), "GATEWAY_URL=http://127.0.0.1:1", "GATEWAY_URL=file:///etc/passwd-secret", 1): "stdin: GATEWAY_URL is not an http(s) URL",
+		strings.Replace(dashboardStdin(t), "GATEWAY_URL=http://127.0.0.1:1", "GATEWAY_URL=file:///etc/passwd-secret", 1): "stdin: GATEWAY_URL is neither an http(s) URL nor unix:/path",
+		strings.Replace(dashboardStdin(t), "CONTROL_URL=http://127.0.0.1:1", "CONTROL_URL=unix:relative-secret", 1):      "stdin: CONTROL_URL is neither an http(s) URL nor unix:/path",
 		strings.Repeat("x", maxSecretsInput+1):                                                                           "over",
 	} {
 		_, err := readDashboardSecrets(strings.NewReader(input))

@@ -50,6 +50,8 @@ type dispatcherSettings struct {
 	// limits bound every org unit (UNIT_*_LIMIT); unitUser is the uid:gid in containers.
 	limits   runtime.Limits
 	unitUser string
+	// network is UNIT_NETWORK (runtime.NetworkIsolated or NetworkHost); runRoot, RUN_ROOT.
+	network, runRoot string
 	// sandbox is the process runtime's (HERMES_SANDBOX); allowUnisolated lets it run
 	// without one (HERMES_ALLOW_UNISOLATED, always in dev), which announceUnisolated, when
 	// set, tells the operator besides the log.
@@ -67,7 +69,7 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
-	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser,
+	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitNetwork, config.RunRoot,
 	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
@@ -104,6 +106,8 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	l := e.UnitLimits()
 	s.limits = runtime.Limits{MemoryBytes: l.MemoryBytes, NanoCPUs: l.NanoCPUs, Pids: l.Pids}
 	s.unitUser = e.UnitUser()
+	s.network = e.OneOf(config.UnitNetwork, runtime.NetworkIsolated, runtime.NetworkHost)
+	s.runRoot = e.String(config.RunRoot)
 	// The workers' own settings, passed on when the operator set them (the worker has the
 	// same defaults).
 	for _, v := range []config.Var{config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes,
@@ -187,10 +191,23 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	defer releaseInstance(leases, kept, log)
 	outer := ctx
 	ctx = kept.Context() // losing the instance's lease stops this dispatcher
+	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
+	defer subagents.Close()
+	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subagents, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
+	if err != nil {
+		return err
+	}
+	// Its mirror's LISTEN connection ends before the pool it uses.
+	defer ctl.Close()
+	// What an org's units may use of the host, each through a socket of the org's.
+	services, err := dispatch.UnitServices(s.apiURL, s.gatewayURL, ctl.Handler())
+	if err != nil {
+		return err
+	}
 	rt, err := openRuntime(ctx, s.runtime, runtime.Config{
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
-		Network: "host", BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
+		Network: s.network, Services: services, RunRoot: s.runRoot, BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
 		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
 		Sandbox: runtime.Sandbox{Mode: s.sandbox},
 		InstanceLive: func(ctx context.Context, instance string) (bool, error) {
@@ -208,20 +225,12 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if s.stopUnits {
 		defer stopUnits(rt, log)
 	}
-	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
-	defer subagents.Close()
 	dashStore := dashboards.New(pool, dashboards.Options{Log: log, Registerer: ops.Registry})
 	defer dashStore.Close()
 	bot, err := sartiq.New(s.apiURL, s.bot.Reveal())
 	if err != nil {
 		return err
 	}
-	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subagents, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
-	if err != nil {
-		return err
-	}
-	// Its mirror's LISTEN connection ends before the pool it uses.
-	defer ctl.Close()
 	router := ops.Router()
 	router.Handle("/v1/*", ctl.Handler())
 	srv, err := service.Listen("dispatcher", s.controlAddr, router, log, s.httpGrace)

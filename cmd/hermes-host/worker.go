@@ -17,6 +17,7 @@ import (
 	"hermeshost/config"
 	"hermeshost/control"
 	"hermeshost/hermesplugin"
+	"hermeshost/internal/unitnet"
 	"hermeshost/internal/procsweep"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
@@ -102,9 +103,10 @@ func runJobCommand() *cli.Command {
 				log, err := startup("worker", func(e *config.Env) {
 					token = e.Required(config.SartiqToken)
 					apiURL = e.Required(config.SartiqAPIURL)
+					apiURL = e.UnitURL(config.SartiqAPIURL)
 					cfg.Org = e.Required(config.HermesOrg)
 					cfg.Home = e.Required(config.HermesHome)
-					cfg.GatewayURL = e.URL(config.GatewayURL)
+					cfg.GatewayURL = e.UnitURL(config.GatewayURL)
 					cfg.GatewayKey = service.Secret(e.String(config.GatewayKey))
 					cfg.Model = e.String(config.WorkerModel)
 					cfg.HermesBin = e.String(config.HermesBin)
@@ -115,10 +117,24 @@ func runJobCommand() *cli.Command {
 					cfg.Heartbeat = e.Duration(config.HeartbeatInterval)
 					cfg.ReportEnabled = e.Bool(config.ReportEnabled)
 					cfg.Retention = orghome.Retention{MaxAge: e.Duration(config.WorkspaceRetention), MaxCount: e.Int(config.WorkspaceKeep)}
-					controlURL = e.String(config.ControlURL)
+					controlURL = e.UnitURL(config.ControlURL)
 					controlKey = e.String(config.ControlKey)
 				})
 				if err != nil {
+					return err
+				}
+				// Off the host's network, the host's services are sockets: each gets a
+				// forwarder on the unit's loopback, the gateway's at the address the agent's
+				// config.yaml names. They live as long as the process: a run told to stop still
+				// reports through them.
+				fwd := context.WithoutCancel(ctx)
+				if apiURL, err = unitnet.Resolve(fwd, apiURL, "", log); err != nil {
+					return err
+				}
+				if controlURL, err = unitnet.Resolve(fwd, controlURL, "", log); err != nil {
+					return err
+				}
+				if cfg.GatewayURL, err = unitnet.Resolve(fwd, cfg.GatewayURL, unitnet.GatewayAddr, log); err != nil {
 					return err
 				}
 				// The variables go only to the proxies, never further.

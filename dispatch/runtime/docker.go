@@ -22,6 +22,8 @@ import (
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"hermeshost/internal/unitnet"
 )
 
 // Labels on every container Docker manages. The SOUL label records the inode that the
@@ -59,6 +61,7 @@ type Docker struct {
 	cli      *client.Client
 	log      *slog.Logger
 	locks    unitLocks
+	net      netPlan
 
 	mu    sync.Mutex
 	units map[string]*dockerUnit // by container name: what this process knows it runs
@@ -118,7 +121,12 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 			return nil, fmt.Errorf("image %s on %s: %w", image, cli.DaemonHost(), err)
 		}
 	}
+	plan, err := cfg.netPlan()
+	if err != nil {
+		return nil, err
+	}
 	d := &Docker{
+		net: plan,
 		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
 		// replaced (hermes-host worker sweep).
 		sweepCmd: append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
@@ -127,7 +135,12 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		log:      cfg.Logger.With("runtime", "docker"),
 		units:    make(map[string]*dockerUnit),
 	}
+	if err := d.ensureNetwork(ctx); err != nil {
+		plan.close()
+		return nil, err
+	}
 	if err := d.adopt(ctx); err != nil {
+		plan.close()
 		return nil, err
 	}
 	return d, nil
@@ -136,8 +149,21 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 // Kind implements Runtime.
 func (d *Docker) Kind() string { return "docker" }
 
-// Close releases the engine connection and leaves containers running for adoption.
-func (d *Docker) Close() error { return d.cli.Close() }
+// Close stops serving the units' sockets, releases the engine connection and leaves
+// containers running for adoption (the next start serves their sockets again).
+func (d *Docker) Close() error {
+	d.net.close()
+	return d.cli.Close()
+}
+
+// ServiceURL implements Runtime.
+func (d *Docker) ServiceURL(org, name string) string { return d.net.serviceURL(unitnet.Dir, name) }
+
+// DashboardAddr implements Runtime.
+func (d *Docker) DashboardAddr(org string) (string, string) {
+	return unitnet.URL(path.Join(unitnet.DashboardDir, dashboardSocket)),
+		unitnet.URL(filepath.Join(d.cfg.RunRoot, runDashboards, org, dashboardSocket))
+}
 
 func (d *Docker) managedFilter(onlyOurs bool) filters.Args {
 	f := filters.NewArgs(
@@ -274,6 +300,9 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
 	case labels[labelSoul] != fileIdentity(dirs.soul):
 		reason = "SOUL.md replaced"
+	case info.HostConfig == nil || string(info.HostConfig.NetworkMode) != d.networkMode():
+		// Started by a host of other settings (or before units left the host's network).
+		reason = "not on network " + d.networkMode()
 	}
 	if reason == "" {
 		d.mu.Lock()
@@ -327,6 +356,10 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 	// the host wrote there since the last start (SOUL.md, replaced by the dispatcher,
 	// forces one) becomes theirs to read.
 	uid, gid, _ := parseUser(d.cfg.User)
+	sockets, dashDir, err := d.net.ensure(org, uid, gid)
+	if err != nil {
+		return "", err
+	}
 	for _, dir := range []string{dirs.home, dirs.workspaces} {
 		n, err := chownTree(dir, uid, gid)
 		if err != nil {
@@ -370,7 +403,7 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		config.OpenStdin, config.StdinOnce, config.AttachStdin = true, true, true
 	}
 	host := &container.HostConfig{
-		NetworkMode: container.NetworkMode(d.cfg.Network),
+		NetworkMode: container.NetworkMode(d.networkMode()),
 		Mounts: []mount.Mount{
 			{Type: mount.TypeBind, Source: dirs.home, Target: d.cfg.HomeMount},
 			{Type: mount.TypeBind, Source: dirs.workspaces, Target: d.cfg.WorkspacesMount},
@@ -388,6 +421,14 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		SecurityOpt:    []string{"no-new-privileges"},
 		ReadonlyRootfs: true,
 		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,size=256m"},
+	}
+	if sockets != "" {
+		// The host services the org may use, as sockets; the folder, not the sockets, so
+		// that a host restarted serves them anew in place.
+		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeBind, Source: sockets, Target: unitnet.Dir, ReadOnly: true})
+	}
+	if role == RoleDashboard {
+		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeBind, Source: dashDir, Target: unitnet.DashboardDir})
 	}
 	if d.cfg.Limits.MemoryBytes > 0 {
 		host.MemorySwap = d.cfg.Limits.MemoryBytes // no swap beyond the limit

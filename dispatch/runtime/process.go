@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"hermeshost/internal/unitnet"
 )
 
 // memorySampleInterval is how often Process measures a running exec's resident memory.
@@ -45,6 +47,7 @@ type Process struct {
 	locks unitLocks
 	waits sync.WaitGroup // one per unit or exec whose main process has not been reaped
 	box   *bwrapSandbox  // nil: programs run unconfined
+	net   netPlan        // isolated only in a sandbox
 	// unconfined says why there is no sandbox; because, why Detect picked this runtime.
 	unconfined, because error
 
@@ -82,7 +85,20 @@ func NewProcess(cfg Config) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	if box == nil && cfg.Network != NetworkHost {
+		// Without a sandbox there is no network of a unit's own: programs are on the
+		// host's, and reach the host's services at their addresses.
+		cfg.Network = NetworkHost
+	}
+	plan, err := cfg.netPlan()
+	if err != nil {
+		return nil, err
+	}
+	if box != nil {
+		box.isolatedNet = plan.isolated
+	}
 	p := &Process{
+		net:        plan,
 		cfg:        cfg,
 		log:        cfg.Logger.With("runtime", "process"),
 		units:      make(map[string]*processUnit),
@@ -99,6 +115,19 @@ func NewProcess(cfg Config) (*Process, error) {
 
 // Kind implements Runtime.
 func (p *Process) Kind() string { return "process" }
+
+// ServiceURL implements Runtime.
+func (p *Process) ServiceURL(org, name string) string { return p.net.serviceURL(unitnet.Dir, name) }
+
+// DashboardAddr implements Runtime: in a sandbox the dashboard's folder is bound at
+// unitnet.DashboardDir, elsewhere it serves at the host's path.
+func (p *Process) DashboardAddr(org string) (string, string) {
+	host := filepath.Join(p.cfg.RunRoot, runDashboards, org, dashboardSocket)
+	if p.box == nil {
+		return unitnet.URL(host), unitnet.URL(host)
+	}
+	return unitnet.URL(filepath.Join(unitnet.DashboardDir, dashboardSocket)), unitnet.URL(host)
+}
 
 // EnsureWorker implements Runtime.
 func (p *Process) EnsureWorker(ctx context.Context, org string) (Ensured, error) {
@@ -358,6 +387,14 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 		"HERMES_WORKSPACES=" + dirs.workspaces,
 		"HERMES_ORG=" + org,
 	}, env...)
+	uid, gid := -1, -1
+	if p.box != nil && p.box.setpriv != "" {
+		uid, gid = p.box.uid, p.box.gid
+	}
+	sockets, dash, err := p.net.ensure(org, uid, gid)
+	if err != nil {
+		return nil, nil, err
+	}
 	var cmd *exec.Cmd
 	var info *os.File
 	if p.box == nil {
@@ -366,13 +403,20 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 		if err := p.box.own(dirs); err != nil {
 			return nil, nil, err
 		}
+		var mounts []boxMount
+		if sockets != "" {
+			mounts = append(mounts, boxMount{"--ro-bind", sockets, unitnet.Dir})
+		}
+		if unit == UnitName(org, RoleDashboard) {
+			mounts = append(mounts, boxMount{"--bind", dash, unitnet.DashboardDir})
+		}
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, nil, err
 		}
 		info = r
 		// ExtraFiles[0] is descriptor 3 in bubblewrap.
-		cmd = exec.Command(p.box.bwrap, p.box.args(unit, dirs, program, args[1:], agentPaths(env), 3)...)
+		cmd = exec.Command(p.box.bwrap, p.box.args(unit, dirs, program, args[1:], agentPaths(env), mounts, 3)...)
 		cmd.ExtraFiles = []*os.File{w}
 	}
 	cmd.Dir = dirs.home
@@ -513,6 +557,7 @@ func (p *Process) Close() error {
 	p.units = make(map[string]*processUnit)
 	p.mu.Unlock()
 	p.waits.Wait()
+	p.net.close()
 	return nil
 }
 

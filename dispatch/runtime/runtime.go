@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,6 +46,13 @@ type Runtime interface {
 	// running is not an error. A container of another scope under the unit's name is
 	// left alone: ErrNameTaken.
 	Stop(ctx context.Context, org string, role Role) error
+	// ServiceURL is where a program in org's units reaches the host service name of
+	// Config.Services (a unix: URL), or "" when units share the host's network and reach
+	// the services at their own addresses.
+	ServiceURL(org, name string) string
+	// DashboardAddr is the address org's dashboard is to serve on, as its unit sees it (a
+	// unix: URL), and the URL the host reaches it at.
+	DashboardAddr(org string) (listen, reach string)
 	// List reports the units this host instance owns, running or not.
 	List(ctx context.Context) ([]Unit, error)
 	// Reap stops workers idle past Config.IdleTimeout and removes units that exited.
@@ -187,9 +195,17 @@ type Config struct {
 	// WorkerImage and DashboardImage are image references (Docker only).
 	WorkerImage    string
 	DashboardImage string
-	// Network is the containers' network mode (Docker only): "host" keeps traffic on
-	// the host's loopback, "none" cuts it.
+	// Network is NetworkIsolated (the default) or NetworkHost: see them.
 	Network string
+	// Services are what an isolated unit may use of the host, by name (gateway, control,
+	// api): each is served on <RunRoot>/units/<org>/<name>.sock, which the org's units see
+	// under unitnet.Dir; ServiceURL names it. Units on the host's network get none and
+	// reach the services at their own addresses.
+	Services map[string]http.Handler
+	// RunRoot holds those sockets and each org's dashboard socket folder,
+	// <RunRoot>/dashboards/<org>; default <parent of OrgsRoot>/run. A socket's path must
+	// stay under 108 bytes.
+	RunRoot string
 	// HomeMount is where the org's home appears inside a container (Docker only);
 	// default /home/hermes. Workspaces appear at WorkspacesMount, default /workspaces.
 	HomeMount       string
@@ -234,6 +250,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.WorkspacesRoot, err = filepath.Abs(c.WorkspacesRoot); err != nil {
 		return c, fmt.Errorf("runtime config: WorkspacesRoot: %w", err)
+	}
+	if c.RunRoot == "" {
+		c.RunRoot = filepath.Join(filepath.Dir(c.OrgsRoot), "run")
+	}
+	if c.RunRoot, err = filepath.Abs(c.RunRoot); err != nil {
+		return c, fmt.Errorf("runtime config: RunRoot: %w", err)
 	}
 	if c.Scope == "" {
 		c.Scope = "hermes"

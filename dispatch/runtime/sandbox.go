@@ -42,7 +42,8 @@ const DefaultSandboxUID = 10001
 // only that org's home (SOUL.md read-only) and workspaces, at their host paths. A host
 // running as root runs the programs as UID:GID (their files in the home and workspaces are
 // owned to match before each start); a host of another user runs them as itself, in a
-// user namespace. The network namespace is the host's for now.
+// user namespace. On an isolated network (the default) each has a network namespace of its
+// own with only a loopback, and the org's sockets of host services bound in.
 type Sandbox struct {
 	// Mode is SandboxAuto (the default), SandboxBwrap or SandboxNone.
 	Mode string
@@ -76,7 +77,13 @@ type bwrapSandbox struct {
 	uid, gid int
 	readOnly []string
 	cfg      Config
+	// isolatedNet gives every sandbox a network namespace of its own, with only a
+	// loopback (Config.Network isolated).
+	isolatedNet bool
 }
+
+// boxMount is a host folder bound into one sandbox at dst.
+type boxMount struct{ flag, src, dst string }
 
 // openSandbox returns the sandbox cfg asks for, or nil and why there is none. An error
 // that is not a reason to run unconfined (SandboxBwrap without bubblewrap, a bad mode)
@@ -157,10 +164,11 @@ func (b *bwrapSandbox) probe() error {
 func (b *bwrapSandbox) baseArgs() []string {
 	args := []string{
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
-		// The network namespace stays the host's for now: units still reach the gateway
-		// and the control API over the host's loopback. Moving them off it (unix sockets
-		// mounted in, as the Docker runtime is to do) is separate work; until then a
-		// sandboxed unit can connect to whatever listens on the host's addresses.
+	}
+	if b.isolatedNet {
+		// A network namespace of its own: a loopback and nothing else. What it may use of
+		// the host comes as sockets bound in (Config.Services).
+		args = append(args, "--unshare-net")
 	}
 	for _, p := range systemPaths {
 		fi, err := os.Lstat(p)
@@ -197,7 +205,7 @@ func (b *bwrapSandbox) dropArgs() []string {
 
 // args are bubblewrap's arguments to run program in a sandbox of unit's, with extra more
 // paths bound read-only and infoFD the descriptor it reports the sandbox's pid 1 on.
-func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programArgs, extra []string, infoFD int) []string {
+func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programArgs, extra []string, mounts []boxMount, infoFD int) []string {
 	args := b.baseArgs()
 	args = append(args, "--hostname", unit)
 	type bind struct{ flag, path string }
@@ -217,8 +225,15 @@ func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programAr
 	// modes (a test's temporary folder is 0700, root's): made first, they are 0755 and
 	// empty but for what is bound in them.
 	made := make(map[string]bool)
+	dsts := make([]string, 0, len(binds)+len(mounts))
 	for _, bd := range binds {
-		for _, dir := range ancestors(bd.path) {
+		dsts = append(dsts, bd.path)
+	}
+	for _, m := range mounts {
+		dsts = append(dsts, m.dst)
+	}
+	for _, dst := range dsts {
+		for _, dir := range ancestors(dst) {
 			if !made[dir] && !underSystemPath(dir) {
 				made[dir] = true
 				args = append(args, "--perms", "0755", "--dir", dir)
@@ -227,6 +242,9 @@ func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programAr
 	}
 	for _, bd := range binds {
 		args = append(args, bd.flag, bd.path, bd.path)
+	}
+	for _, m := range mounts {
+		args = append(args, m.flag, m.src, m.dst)
 	}
 	// The folders holding every org's home and workspaces exist inside only as the way to
 	// this org's: nothing else is in them, and they cannot be listed.

@@ -1,0 +1,182 @@
+package unitnet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A unit's request goes through its org's socket to the service on the host and back,
+// streamed, with nothing it says of its origin passed on; the host's answer reaches a
+// client on the unit's loopback through the forwarder.
+func TestAUnitReachesAHostServiceThroughItsSocketAndLoopback(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "path=%s auth=%s fwd=%q\n", r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Forwarded-For"))
+		w.(http.Flusher).Flush()
+		fmt.Fprint(w, "second part\n")
+	}))
+	defer upstream.Close()
+	proxy, err := Proxy(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSockets(t.TempDir(), map[string]http.Handler{"api": proxy}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dir, err := s.Ensure("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "api.sock"))
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("no socket: %v %v", fi, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, err := Resolve(ctx, URL(filepath.Join(dir, "api.sock")), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(base, "http://127.0.0.1:") {
+		t.Fatalf("resolved to %s", base)
+	}
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/jobs", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	req.Header.Set("X-Forwarded-For", "10.0.0.9")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := "path=/v1/jobs auth=Bearer tok fwd=\"\"\nsecond part\n"; string(body) != want {
+		// The unit's claim of where it comes from is gone.
+		t.Fatalf("body %q, want %q", body, want)
+	}
+
+	// An http URL is used as it is: units on the host's network.
+	if got, err := Resolve(ctx, upstream.URL, "", nil); err != nil || got != upstream.URL {
+		t.Fatalf("resolve http: %q %v", got, err)
+	}
+	// The forwarder ends with its context.
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the forwarder still listens after its context ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A socket a dead process left is replaced; one another process serves, or a file that is
+// not a socket, is refused; a path longer than a socket address allows still works.
+func TestListenReplacesOnlyDeadSockets(t *testing.T) {
+	dir := t.TempDir()
+	long := filepath.Join(dir, strings.Repeat("d", 60), strings.Repeat("e", 40))
+	if err := os.MkdirAll(long, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(long, "svc.sock")
+	if len(path) <= maxSocketPath {
+		t.Fatalf("path %d bytes is not long enough to test", len(path))
+	}
+	ln, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })) }()
+	resp, err := HTTPClient(path, 2*time.Second).Get("http://unit/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "ok" {
+		t.Fatalf("body %q", body)
+	}
+	if _, err := Listen(path); err == nil || !strings.Contains(err.Error(), "another process serves it") {
+		t.Fatalf("listen on a served socket: %v", err)
+	}
+	if ln.Addr().String() != path {
+		t.Fatalf("addr %s", ln.Addr())
+	}
+	ln.Close()
+	// A dead socket file (left as a crash would) is replaced.
+	dead, err := net.Listen("unix", filepath.Join(dir, "dead.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.(*net.UnixListener).SetUnlinkOnClose(false)
+	dead.Close()
+	again, err := Listen(filepath.Join(dir, "dead.sock"))
+	if err != nil {
+		t.Fatalf("listen over a dead socket: %v", err)
+	}
+	again.Close()
+	if err := os.WriteFile(filepath.Join(dir, "file.sock"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(filepath.Join(dir, "file.sock")); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("listen over a file: %v", err)
+	}
+	if raw, _ := os.ReadFile(filepath.Join(dir, "file.sock")); string(raw) != "x" {
+		t.Fatal("the file was touched")
+	}
+}
+
+// Ensure serves anew a socket that was removed; Drop and Close stop serving.
+func TestSocketsAreServedAgainWhenRemoved(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
+	s, err := NewSockets(t.TempDir(), map[string]http.Handler{"control": h}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	get := func(dir string) error {
+		resp, err := HTTPClient(filepath.Join(dir, "control.sock"), 2*time.Second).Get("http://unit/")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	dir, err := s.Ensure("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "control.sock")); err != nil {
+		t.Fatal(err)
+	}
+	if get(dir) == nil {
+		t.Fatal("a removed socket answered")
+	}
+	if _, err := s.Ensure("acme"); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(dir); err != nil {
+		t.Fatalf("after ensure: %v", err)
+	}
+	s.Drop("acme")
+	if get(dir) == nil {
+		t.Fatal("a dropped org's socket answered")
+	}
+	if _, err := NewSockets(t.TempDir(), map[string]http.Handler{"../x": h}, nil); err == nil {
+		t.Fatal("a service name with a path was taken")
+	}
+}
