@@ -99,6 +99,8 @@ func fixtureHome(t *testing.T, home string) (transcriptID string) {
 type devRun struct {
 	launcher string
 	login    [2]string
+	// backendDB is the reference backend's database (its schema in the URL).
+	backendDB string
 	logs     *testio.Buffer
 	stdout   *testio.Buffer
 	cmd      *exec.Cmd
@@ -107,10 +109,23 @@ type devRun struct {
 // startDev runs `hermes-host dev` on fresh schemas with env added, until the test ends.
 func startDev(t *testing.T, orgsRoot string, env ...string) *devRun {
 	t.Helper()
+	return startDevAt(t, orgsRoot, nil, env...)
+}
+
+// startDevAt is startDev with some of its listen addresses given (flag to address).
+func startDevAt(t *testing.T, orgsRoot string, addrs map[string]string, env ...string) *devRun {
+	t.Helper()
 	url, _ := pgtest.EmptySchema(t)
 	backendURL, _ := pgtest.EmptySchema(t)
-	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
-		"--launcher-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--orgs-root", orgsRoot)
+	args := []string{"dev", "--orgs-root", orgsRoot}
+	for _, flag := range []string{"--addr", "--backend-addr", "--gateway-addr", "--launcher-addr", "--control-addr"} {
+		addr := "127.0.0.1:0"
+		if a, ok := addrs[flag]; ok {
+			addr = a
+		}
+		args = append(args, flag, addr)
+	}
+	cmd := exec.Command(binary, args...)
 	var stdout testio.Buffer
 	logs := &testio.Buffer{}
 	cmd.Stdout = &stdout
@@ -123,7 +138,7 @@ func startDev(t *testing.T, orgsRoot string, env ...string) *devRun {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	run := &devRun{logs: logs, stdout: &stdout, cmd: cmd}
+	run := &devRun{logs: logs, stdout: &stdout, cmd: cmd, backendDB: backendURL}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})

@@ -100,7 +100,9 @@ func TestListenReplacesOnlyDeadSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })) }()
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
+	}()
 	resp, err := HTTPClient(path, 2*time.Second).Get("http://unit/")
 	if err != nil {
 		t.Fatal(err)
