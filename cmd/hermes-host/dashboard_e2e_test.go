@@ -101,9 +101,9 @@ type devRun struct {
 	login    [2]string
 	// backendDB is the reference backend's database (its schema in the URL).
 	backendDB string
-	logs     *testio.Buffer
-	stdout   *testio.Buffer
-	cmd      *exec.Cmd
+	logs      *testio.Buffer
+	stdout    *testio.Buffer
+	cmd       *exec.Cmd
 }
 
 // startDev runs `hermes-host dev` on fresh schemas with env added, until the test ends.
