@@ -3,6 +3,8 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"hermeshost/internal/testio"
+
+	"hermeshost/internal/unitnet"
 )
 
 // requireBwrap skips a sandbox test where bubblewrap is not installed, except under CI,
@@ -275,5 +279,59 @@ func TestDetectWithoutEngineOrSandboxSaysWhy(t *testing.T) {
 		if err := Unisolated(rt); err != nil {
 			t.Errorf("Detect picked an unsandboxed process runtime with bubblewrap installed: %v", err)
 		}
+	}
+}
+
+// On an isolated network (the default) a sandboxed program has a loopback of its own:
+// what the host serves on its loopback is out of reach, and the host services it may use
+// are the sockets of its org's folder, at unitnet.Dir. On the host's network it reaches the
+// host's loopback.
+func TestSandboxedUnitsHaveANetworkOfTheirOwn(t *testing.T) {
+	requireBwrap(t)
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	go func() {
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for _, tc := range []struct {
+		network, want string
+	}{
+		{"", host.Addr().String() + ": refused\n"},
+		{NetworkHost, host.Addr().String() + ": connected\n"},
+	} {
+		cfg := testConfig(t, nil)
+		cfg.Network = tc.network
+		cfg.RunRoot = filepath.Join(t.TempDir(), "run")
+		cfg.Services = map[string]http.Handler{"api": http.NotFoundHandler()}
+		rt, err := openSandboxed(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		org := newOrg(t, cfg, "net"+tc.network)
+		mustEnsureWorker(t, rt, org)
+		if out, _, _ := run(t, rt, org, "", nil, "testagent", "dial", "tcp", host.Addr().String()); out != tc.want {
+			t.Errorf("network %q: the host's loopback: %q, want %q", tc.network, out, tc.want)
+		}
+		socket := unitnet.Dir + "/api.sock"
+		want := socket + ": connected\n"
+		if tc.network == NetworkHost {
+			want = socket + ": refused\n" // no sockets: the services are at their addresses
+		}
+		if out, _, _ := run(t, rt, org, "", nil, "testagent", "dial", "unix", socket); out != want {
+			t.Errorf("network %q: the org's socket: %q, want %q", tc.network, out, want)
+		}
+		if got := rt.ServiceURL(org, "api"); (got != "") == (tc.network == NetworkHost) {
+			t.Errorf("network %q: ServiceURL %q", tc.network, got)
+		}
+		rt.Close()
 	}
 }

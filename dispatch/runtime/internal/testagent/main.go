@@ -72,6 +72,17 @@ func main() {
 		fmt.Printf("swept %d\n", res.Killed)
 	case "detach":
 		err = detach(args)
+	case "dial":
+		// dial NETWORK ADDR...: one line per address, what a connection to it did.
+		for _, addr := range args[1:] {
+			c, derr := net.DialTimeout(args[0], addr, 2*time.Second)
+			if derr != nil {
+				fmt.Printf("%s: refused\n", addr)
+				continue
+			}
+			c.Close()
+			fmt.Printf("%s: connected\n", addr)
+		}
 	case "child":
 		// Run the rest as a child and fail, with exit 3, when it does: a worker whose
 		// agent died.
