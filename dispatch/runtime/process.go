@@ -48,6 +48,7 @@ type Process struct {
 	waits sync.WaitGroup // one per unit or exec whose main process has not been reaped
 	box   *bwrapSandbox  // nil: programs run unconfined
 	net   netPlan        // isolated only in a sandbox
+	pids  *pidsCgroups   // nil: no process limit
 	// unconfined says why there is no sandbox; because, why Detect picked this runtime.
 	unconfined, because error
 
@@ -97,7 +98,14 @@ func NewProcess(cfg Config) (*Process, error) {
 	if box != nil {
 		box.isolatedNet = plan.isolated
 	}
+	var pids *pidsCgroups
+	if box != nil && cfg.Limits.Pids > 0 {
+		if pids, err = openPidsCgroups(cfg.Instance, cfg.Limits.Pids); err != nil {
+			cfg.Logger.Warn("org units have NO PROCESS LIMIT: a fork bomb in one can exhaust the host", "runtime", "process", "pids", cfg.Limits.Pids, "reason", err.Error())
+		}
+	}
 	p := &Process{
+		pids:       pids,
 		net:        plan,
 		cfg:        cfg,
 		log:        cfg.Logger.With("runtime", "process"),
@@ -209,7 +217,11 @@ func (p *Process) ensure(ctx context.Context, org string, role Role, args, secre
 		p.unitEnded(u, cmd.Wait())
 	}()
 	p.cfg.Metrics.ensured(p.Kind(), role, true)
-	p.log.Info("process started", "unit", name, "pid", u.pid, "org", org, "role", role, "sandboxed", p.box != nil)
+	attrs := []any{"unit", name, "pid", u.pid, "org", org, "role", role, "sandboxed", p.box != nil}
+	if p.pids != nil {
+		attrs = append(attrs, "pids_cgroup", p.pids.dir(name))
+	}
+	p.log.Info("process started", attrs...)
 	return Ensured{Unit: u.unit(true), Cold: true}, nil
 }
 
@@ -228,6 +240,9 @@ func (p *Process) unitEnded(u *processUnit, waitErr error) {
 		}
 	}
 	p.mu.Unlock()
+	if p.pids != nil {
+		p.pids.remove(u.name)
+	}
 	p.log.Info("process exited", "unit", u.name, "pid", u.pid, "status", waitStatus(waitErr))
 }
 
@@ -416,7 +431,17 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 		}
 		info = r
 		// ExtraFiles[0] is descriptor 3 in bubblewrap.
-		cmd = exec.Command(p.box.bwrap, p.box.args(unit, dirs, program, args[1:], agentPaths(env), mounts, 3)...)
+		argv := append([]string{p.box.bwrap}, p.box.args(unit, dirs, program, args[1:], agentPaths(env), mounts, 3)...)
+		if p.pids != nil {
+			procs, err := p.pids.ensure(unit)
+			if err != nil {
+				r.Close()
+				w.Close()
+				return nil, nil, err
+			}
+			argv = enterArgs(procs, argv)
+		}
+		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.ExtraFiles = []*os.File{w}
 	}
 	cmd.Dir = dirs.home
@@ -558,6 +583,9 @@ func (p *Process) Close() error {
 	p.mu.Unlock()
 	p.waits.Wait()
 	p.net.close()
+	if p.pids != nil {
+		p.pids.close()
+	}
 	return nil
 }
 

@@ -164,7 +164,7 @@ func UnitName(org string, role Role) string {
 type Limits struct {
 	MemoryBytes int64 // Process enforces this by sampling resident memory
 	NanoCPUs    int64 // CPU in units of 1e-9 CPUs; Docker only
-	Pids        int64 // processes; Docker only
+	Pids        int64 // processes; Process enforces it with a pids cgroup per unit where one is writable
 }
 
 // Config is shared by both implementations; fields marked Docker only are ignored by

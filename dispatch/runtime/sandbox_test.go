@@ -335,3 +335,42 @@ func TestSandboxedUnitsHaveANetworkOfTheirOwn(t *testing.T) {
 		rt.Close()
 	}
 }
+
+// A sandboxed unit is held at its pids limit, whatever it forks: a hundred sleeps in a
+// unit of 32 leave at most 32 processes in it (the shell forking them dies at the first
+// refused fork), the cgroup counts the refusals, and the
+// host starts processes as before.
+func TestSandboxedUnitsAreHeldAtTheirPidsLimit(t *testing.T) {
+	requireBwrap(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the pids cgroup needs root")
+	}
+	cfg := testConfig(t, nil)
+	cfg.Limits.Pids = 32
+	rt, err := openSandboxed(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if rt.pids == nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI is set, so the pids limit must be tested, and no pids cgroup is writable here")
+		}
+		t.Skip("no writable pids cgroup here")
+	}
+	org := newOrg(t, cfg, "pids")
+	mustEnsureWorker(t, rt, org)
+	out, stderr, status := run(t, rt, org, "", nil, "/bin/sh", "-c",
+		`(i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done) 2>/dev/null; set -- /proc/[0-9]*; echo $#`)
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || n > 32 || n < 10 {
+		t.Fatalf("%q processes in the unit (%v, stderr %q), want the bomb held under 32", out, status, stderr)
+	}
+	events, err := os.ReadFile(filepath.Join(rt.pids.dir(UnitName(org, RoleWorker)), "pids.events"))
+	if err != nil || !strings.HasPrefix(string(events), "max ") || strings.TrimSpace(string(events)) == "max 0" {
+		t.Errorf("pids.events %q (%v), want refusals counted", events, err)
+	}
+	if out, err := exec.Command("true").CombinedOutput(); err != nil {
+		t.Errorf("the host cannot start a process: %v %s", err, out)
+	}
+}
