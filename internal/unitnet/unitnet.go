@@ -1,7 +1,7 @@
 // Package unitnet is how an org's units, which are not on the host's network, reach the
 // few host services they may use: through unix sockets in a folder of the org's own that the
 // runtime mounts into them (the host side, Sockets), and, inside a unit, through a forwarder
-// on the unit's own loopback for a client that needs TCP (Resolve, Forward).
+// on the unit's own loopback for a client that needs TCP (Resolve).
 //
 // A service reached through a socket is named by a URL of the form unix:/path/to/name.sock.
 package unitnet
@@ -266,17 +266,6 @@ func (s *Sockets) alive(dir string, servers []*http.Server) bool {
 	return true
 }
 
-// Drop stops serving org's sockets.
-func (s *Sockets) Drop(org string) {
-	s.mu.Lock()
-	servers := s.orgs[org]
-	delete(s.orgs, org)
-	s.mu.Unlock()
-	for _, srv := range servers {
-		srv.Close()
-	}
-}
-
 // Close stops serving every socket; in-flight requests are cut.
 func (s *Sockets) Close() error {
 	s.mu.Lock()
@@ -292,9 +281,9 @@ func (s *Sockets) Close() error {
 	return nil
 }
 
-// Forward listens on addr (a loopback address; port 0 picks one) and splices every
+// forward listens on addr (a loopback address; port 0 picks one) and splices every
 // connection to the socket at path, until ctx ends. It returns the http URL it serves.
-func Forward(ctx context.Context, addr, path string, log *slog.Logger) (string, error) {
+func forward(ctx context.Context, addr, path string, log *slog.Logger) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("forward %s to %s: %w", addr, path, err)
@@ -361,7 +350,7 @@ func Resolve(ctx context.Context, raw, addr string, log *slog.Logger) (string, e
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	return Forward(ctx, addr, path, log)
+	return forward(ctx, addr, path, log)
 }
 
 // HTTPClient is an http.Client whose connections go to the socket at path, whatever host a

@@ -142,7 +142,7 @@ func TestListenReplacesOnlyDeadSockets(t *testing.T) {
 	}
 }
 
-// Ensure serves anew a socket that was removed; Drop and Close stop serving.
+// Ensure serves anew a socket that was removed; Close stops serving.
 func TestSocketsAreServedAgainWhenRemoved(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
 	s, err := NewSockets(t.TempDir(), map[string]http.Handler{"control": h}, nil)
@@ -174,9 +174,12 @@ func TestSocketsAreServedAgainWhenRemoved(t *testing.T) {
 	if err := get(dir); err != nil {
 		t.Fatalf("after ensure: %v", err)
 	}
-	s.Drop("acme")
+	s.Close()
 	if get(dir) == nil {
-		t.Fatal("a dropped org's socket answered")
+		t.Fatal("a socket answered after Close")
+	}
+	if _, err := s.Ensure("acme"); err == nil {
+		t.Fatal("Ensure after Close served")
 	}
 	if _, err := NewSockets(t.TempDir(), map[string]http.Handler{"../x": h}, nil); err == nil {
 		t.Fatal("a service name with a path was taken")
