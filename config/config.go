@@ -137,7 +137,7 @@ var (
 	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",
 		Usage: "isolated: org units are off the host's network (Docker: a bridge network of the host's own; process: a network namespace with only a loopback) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
 	RunRoot = define(Var{Name: "RUN_ROOT",
-		Usage: "folder for the sockets org units reach the host by, and dashboards serve on; default <parent of ORGS_ROOT>/run (a socket's path must stay under 108 bytes)"})
+		Usage: "folder for the sockets org units reach the host by, and dashboards serve on; default <parent of ORGS_ROOT>/run"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",
 		Usage: "this dispatcher's name on the container engine and in claim records; default the host name"})
 	HermesBin = define(Var{Name: "HERMES_BIN", Default: "hermes",

@@ -203,8 +203,7 @@ type Config struct {
 	// reach the services at their own addresses.
 	Services map[string]http.Handler
 	// RunRoot holds those sockets and each org's dashboard socket folder,
-	// <RunRoot>/dashboards/<org>; default <parent of OrgsRoot>/run. A socket's path must
-	// stay under 108 bytes.
+	// <RunRoot>/dashboards/<org>; default <parent of OrgsRoot>/run.
 	RunRoot string
 	// HomeMount is where the org's home appears inside a container (Docker only);
 	// default /home/hermes. Workspaces appear at WorkspacesMount, default /workspaces.
