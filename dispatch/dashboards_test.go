@@ -28,6 +28,7 @@ import (
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/unitnet"
 	"hermeshost/lease"
 	"hermeshost/service"
 	"hermeshost/subagent"
@@ -180,9 +181,13 @@ func (f *dashFixture) logged(msg string, attrs ...string) bool {
 	return false
 }
 
+// healthz asks the dashboard recorded at url (its unix: socket) for /healthz.
 func healthz(url string) (int, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Get(url + "/healthz")
+	sock, ok := unitnet.SocketPath(url)
+	if !ok {
+		return 0, fmt.Errorf("%q is not a unix: socket", url)
+	}
+	resp, err := unitnet.HTTPClient(sock, 2*time.Second).Get("http://dashboard/healthz")
 	if err != nil {
 		return 0, err
 	}
@@ -205,7 +210,9 @@ func dashboardUnit(t *testing.T, rt runtime.Runtime, org string) (runtime.Unit, 
 	return runtime.Unit{}, false
 }
 
-var dashboardURL = regexp.MustCompile(`^http://127\.0\.0\.1:(\d+)$`)
+// dashboardURL is where a dashboard is recorded: its socket in its org's folder under
+// the runtime's RUN_ROOT.
+var dashboardURL = regexp.MustCompile(`^unix:/.+/run/dashboards/([a-z0-9-]+)/dashboard\.sock$`)
 
 // An operator's request reaches the dispatcher, which starts the org's dashboard with its
 // keys on stdin only, records where it answers, owns the org for it, and keeps the org
@@ -220,7 +227,7 @@ func TestARequestedDashboardIsStartedAndRecordedRunning(t *testing.T) {
 	f.request(t, org)
 	r := f.waitState(t, org, dashboards.Running, 40*time.Second)
 	m := dashboardURL.FindStringSubmatch(r.URL)
-	if m == nil || r.Instance != f.cfg.Instance || r.StartedAt == nil || r.LastSeenAt == nil || r.Error != "" {
+	if m == nil || m[1] != org || r.Instance != f.cfg.Instance || r.StartedAt == nil || r.LastSeenAt == nil || r.Error != "" {
 		t.Fatalf("running row = %+v", r)
 	}
 	if code, err := healthz(r.URL); err != nil || code != http.StatusOK {
@@ -254,7 +261,13 @@ func TestARequestedDashboardIsStartedAndRecordedRunning(t *testing.T) {
 			i = slices.Index(args, "--")
 		}
 	}
-	if want := []string{"dashboard", "--org", org, "--addr", "127.0.0.1:" + m[1]}; strings.Join(args[1:], " ") != strings.Join(want, " ") {
+	// It serves on its socket as its unit sees it (the sandbox binds the folder at
+	// unitnet.DashboardDir).
+	listen, reach := f.cfg.Runtime.DashboardAddr(org)
+	if reach != r.URL || listen != "unix:"+unitnet.DashboardDir+"/dashboard.sock" {
+		t.Errorf("dashboard addresses %q and %q, recorded %q", listen, reach, r.URL)
+	}
+	if want := []string{"dashboard", "--org", org, "--addr", listen}; strings.Join(args[1:], " ") != strings.Join(want, " ") {
 		t.Fatalf("dashboard arguments %q, want %q", args[1:], want)
 	}
 	logs := f.logs.String()
@@ -410,7 +423,7 @@ func stubDashboard(t *testing.T, f *dashFixture) (dir string) {
 	return dir
 }
 
-// A dashboard that exits before it answers is tried once more on another port, then
+// A dashboard that exits before it answers is tried once more, then
 // recorded failed with a reason the operator can read; it was handed exactly its five
 // KEY=VALUE lines on stdin, and none in its arguments.
 func TestADashboardThatExitsIsTriedAgainThenFailed(t *testing.T) {
@@ -431,7 +444,8 @@ func TestADashboardThatExitsIsTriedAgainThenFailed(t *testing.T) {
 	if len(tries) != 2 {
 		t.Fatalf("the dashboard was started %d times: %q", len(tries), tries)
 	}
-	argsRe := regexp.MustCompile(`^dashboard --org acme --addr 127\.0\.0\.1:\d+$`)
+	// Unsandboxed, the dashboard serves at its socket's host path.
+	argsRe := regexp.MustCompile(`^dashboard --org acme --addr unix:/.+/run/dashboards/acme/dashboard\.sock$`)
 	for _, a := range tries {
 		if !argsRe.MatchString(a) {
 			t.Errorf("dashboard arguments %q", a)

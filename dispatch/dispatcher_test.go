@@ -256,10 +256,15 @@ func TestDemoJobsFlowToCompletionOneAtATimePerOrg(t *testing.T) {
 		t.Fatal("no outcome logged")
 	}
 	// Every home the chain ran an agent in names the gateway as its provider (the scripted
-	// agent refuses anything else), and the cap's work shows in the metric and the mirror.
+	// agent refuses anything else): off the host's network, at the forwarder on the unit's
+	// loopback; and the cap's work shows in the metric and the mirror.
+	gatewayURL := f.cfg.GatewayURL
+	if f.cfg.Runtime.ServiceURL("acme", dispatch.ServiceGateway) != "" {
+		gatewayURL = "http://" + unitnet.GatewayAddr
+	}
 	for _, org := range backend.DemoOrganizations {
 		cfg, err := os.ReadFile(filepath.Join(f.cfg.OrgsRoot, org, "config.yaml"))
-		if err != nil || !strings.Contains(string(cfg), "base_url: "+f.cfg.GatewayURL+"/v1") ||
+		if err != nil || !strings.Contains(string(cfg), "base_url: "+gatewayURL+"/v1") ||
 			!strings.Contains(string(cfg), "key_env: HERMES_HOST_GATEWAY_KEY") {
 			t.Fatalf("%s's config.yaml: %v\n%s", org, err, cfg)
 		}

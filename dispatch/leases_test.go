@@ -216,7 +216,7 @@ func TestRunReapsIdleWorkersAndSweepsExpiredLeases(t *testing.T) {
 	rt, err := runtime.NewProcess(runtime.Config{
 		Instance: "dispatch-test-reap", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
-		Logger: slog.New(slog.DiscardHandler), IdleTimeout: 300 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler), IdleTimeout: 300 * time.Millisecond, Services: f.services(t),
 	})
 	if err != nil {
 		t.Fatal(err)
