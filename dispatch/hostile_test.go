@@ -2,7 +2,6 @@ package dispatch_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,14 +10,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"hermeshost/gateway"
 	"hermeshost/sartiq"
@@ -42,33 +38,9 @@ func hostileAgent(t *testing.T, script string) string {
 func TestAnAgentThatKillsItsWorkerFailsItsJobsAtMaxAttempts(t *testing.T) {
 	f := newFixture(t, true)
 	f.cfg.ClaimEnabled, f.cfg.MaxAttempts = true, 2
-	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "kill -TERM $PPID\nexec sleep 30"))
-	ctx := context.Background()
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, killTheWorker))
 	cycleWithRestarts(t, f)
-	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
-		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
-	}
-	rows, err := f.db.Query(ctx, `SELECT job_id, count(*) FILTER (WHERE outcome = 'crashed' AND reason LIKE '%signalled by something other than its dispatcher%'),
-		count(*) FILTER (WHERE outcome = 'released') FROM claim_attempts WHERE org = 'acme' GROUP BY job_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	jobs := 0
-	for rows.Next() {
-		var job string
-		var signalled, released int
-		if err := rows.Scan(&job, &signalled, &released); err != nil {
-			t.Fatal(err)
-		}
-		jobs++
-		if signalled != 2 || released != 0 {
-			t.Errorf("job %s: %d signalled crashes and %d releases; want MAX_ATTEMPTS=2 crashes and no release", job, signalled, released)
-		}
-	}
-	if jobs != 2 {
-		t.Fatalf("%d acme jobs in claim_attempts", jobs)
-	}
+	checkKilledWorkersFailAtMaxAttempts(t, f)
 }
 
 // An agent that writes 1 GiB to stderr: the dispatcher keeps the end of it only (its heap
@@ -76,68 +48,8 @@ func TestAnAgentThatKillsItsWorkerFailsItsJobsAtMaxAttempts(t *testing.T) {
 func TestAGigabyteOnStderrIsCutAndCounted(t *testing.T) {
 	f := newFixture(t, true)
 	f.cfg.ClaimEnabled = true
-	reg := prometheus.NewRegistry()
-	f.cfg.Registerer = reg
-	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "head -c 1073741824 /dev/zero >&2\necho done"))
-	runtime.GC()
-	var base runtime.MemStats
-	runtime.ReadMemStats(&base)
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			var m runtime.MemStats
-			runtime.ReadMemStats(&m)
-			if m.HeapInuse > peak.Load() {
-				peak.Store(m.HeapInuse)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
-	d := f.dispatcher(t)
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		st := f.statuses(t)
-		if st[sartiq.StatusQueued]+st[sartiq.StatusClaimed]+st[sartiq.StatusRunning] == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 3 minutes the jobs are %v", st)
-		}
-		if _, err := d.Cycle(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		d.Wait()
-	}
-	close(stop)
-	<-sampled
-	if grew := int64(peak.Load()) - int64(base.HeapInuse); grew > 200<<20 {
-		t.Fatalf("the dispatcher's heap grew by %d MiB while the agent flooded stderr", grew>>20)
-	}
-	if cut := counterValue(t, reg, "hermes_dispatch_worker_output_dropped_total"); cut < 1<<30-(8<<10) {
-		t.Fatalf("%.0f bytes counted as cut, want about 1 GiB", cut)
-	}
-	var outcomes []string
-	rows, err := f.db.Query(context.Background(), `SELECT outcome FROM claim_attempts WHERE org = 'acme'`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var o string
-		if err := rows.Scan(&o); err != nil {
-			t.Fatal(err)
-		}
-		outcomes = append(outcomes, o)
-	}
-	if len(outcomes) != 2 || strings.Contains(strings.Join(outcomes, " "), "crashed") {
-		t.Fatalf("acme's runs ended %v: want each with the worker's outcome", outcomes)
-	}
+	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, floodStderr))
+	runTheFlood(t, f)
 }
 
 // What an agent prints of the keys it was given never reaches the dispatcher's log: the
