@@ -135,7 +135,7 @@ var (
 	UnitUser = define(Var{Name: "UNIT_USER", Default: "10001:10001",
 		Usage: "the numeric uid:gid programs run as inside org containers; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
 	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",
-		Usage: "isolated: org units are off the host's network (Docker: a bridge network of the host's own; process: a network namespace with only a loopback) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
+		Usage: "isolated: org units are off the host's network (Docker: an internal bridge network of the host's own with no host address on it; process: a network namespace with only a loopback; neither has egress) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
 	RunRoot = define(Var{Name: "RUN_ROOT",
 		Usage: "folder for the sockets org units reach the host by, and dashboards serve on; default <parent of ORGS_ROOT>/run"})
 	HermesInstance = define(Var{Name: "HERMES_INSTANCE",

@@ -330,6 +330,9 @@ func TestAnIdleDashboardIsStopped(t *testing.T) {
 	if r.URL != "" {
 		t.Fatalf("stopped row = %+v", r)
 	}
+	// The row is stopped first (no request is sent to the unit any more), then the unit,
+	// then the stop is counted and logged: wait for the count.
+	waitFor(t, 10*time.Second, "the idle stop to be counted", func() bool { return f.stopped(t, "idle") >= 1 })
 	if u, ok := dashboardUnit(t, f.cfg.Runtime, "acme"); ok {
 		t.Fatalf("the idle dashboard's unit is still there: %+v", u)
 	}

@@ -23,8 +23,9 @@ import (
 // shell script that looks around before it hands over to the scripted agent, and writes
 // what it reached to reached.log in its home. On the sandboxed process runtime and on
 // Docker it must reach nothing outside its org: not Postgres, the launcher, the dispatcher's
-// control API, the Docker socket, another org's home, a host process's environment, or a
-// socket that is not its own; the job still completes.
+// control API, the Docker socket, a host service bound to every address (on Docker, not
+// at the bridge's gateway address either), another org's home, a host process's
+// environment, or a socket that is not its own; the job still completes.
 
 // hostileProbe is the script. Each probe writes one line "<probe>: <what happened>".
 // Applets are busybox's: the Docker image's only shell, and on the host called by name.
@@ -37,8 +38,13 @@ if [ "${HERMES_HOME##*/}" = acme ] || [ "$HERMES_HOME" = /home/hermes ]; then
   tcp() { # name host port
     if bb nc -w 2 "$2" "$3" </dev/null >/dev/null 2>&1; then echo "$1 $2:$3: CONNECTED" >> "$log"; else echo "$1 $2:$3: refused" >> "$log"; fi
   }
-  gw=$(bb ip route 2>/dev/null | bb awk '/^default/ {print $3}')
+  # The default route's gateway, in a container only: there it is the bridge's address on
+  # this machine; on the host's network it would be another machine, never a target.
+  gw=""
+  [ "$HERMES_HOME" = /home/hermes ] && gw=$(bb ip route 2>/dev/null | bb awk '/^default/ {print $3}')
+  echo "gateway: ${gw:-none}" >> "$log"
   for host in 127.0.0.1 $gw; do
+    tcp wide "$host" @WIDEPORT@
     tcp postgres "$host" @PGPORT@
     tcp launcher "$host" @LAUNCHERPORT@
     tcp control "$host" @CONTROLPORT@
@@ -116,7 +122,7 @@ func TestAHostileAgentReachesNothingOutsideItsOrg(t *testing.T) {
 		})
 		orgs := t.TempDir()
 		// In a container the agent is in its home, which is mounted at /home/hermes.
-		testHostileAgent(t, orgs, "/home/hermes/agent", func(script string) {
+		log, ports := testHostileAgent(t, orgs, "/home/hermes/agent", func(script string) {
 			for org, body := range map[string]string{"acme": script, "globex": "#!/bin/sh\nexec scripted-agent \"$@\"\n"} {
 				if err := os.MkdirAll(filepath.Join(orgs, org), 0o700); err != nil {
 					t.Fatal(err)
@@ -126,7 +132,26 @@ func TestAHostileAgentReachesNothingOutsideItsOrg(t *testing.T) {
 				}
 			}
 		}, append(images, "HERMES_RUNTIME=docker")...)
+		onDockersBridge(t, log, ports)
 	})
+}
+
+// onDockersBridge asserts the probe ran in a container on a bridge (it saw a default route)
+// and reached nothing at the bridge's gateway address either, not even a host service bound
+// to every address.
+func onDockersBridge(t *testing.T, log string, ports probedPorts) {
+	gw := ""
+	for _, line := range strings.Split(log, "\n") {
+		if g, ok := strings.CutPrefix(line, "gateway: "); ok {
+			gw = g
+		}
+	}
+	if gw == "" || gw == "none" {
+		t.Fatalf("the probe saw no default route in its container:\n%s", log)
+	}
+	if want := "wide " + gw + ":" + ports.wide + ": refused"; !strings.Contains(log, want) {
+		t.Errorf("reached.log lacks %q", want)
+	}
 }
 
 // The probe itself, on a runtime that does not contain: unsandboxed, on the host's
@@ -141,18 +166,40 @@ func TestTheHostileProbeSeesWhatAnUncontainedAgentReaches(t *testing.T) {
 		}
 	}, "HERMES_RUNTIME=process", "HERMES_SANDBOX=none", "UNIT_NETWORK=host", "DOCKER_HOST=unix:///nonexistent/docker.sock")
 	for _, want := range []string{"postgres 127.0.0.1:" + ports.pg + ": CONNECTED", "launcher 127.0.0.1:" + ports.launcher + ": CONNECTED",
-		"control 127.0.0.1:" + ports.control + ": CONNECTED", "other-home: READ", "orgs-root: LISTED"} {
+		"control 127.0.0.1:" + ports.control + ": CONNECTED", "wide 127.0.0.1:" + ports.wide + ": CONNECTED", "other-home: READ", "orgs-root: LISTED"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("uncontained, the probe did not see %q:\n%s", want, log)
 		}
 	}
 }
 
-type probedPorts struct{ pg, launcher, control, backend string }
+type probedPorts struct{ pg, launcher, control, backend, wide string }
 
-func testHostileAgent(t *testing.T, orgs, agent string, install func(script string), env ...string) {
+func testHostileAgent(t *testing.T, orgs, agent string, install func(script string), env ...string) (string, probedPorts) {
 	log, ports := runHostileAgent(t, orgs, agent, install, env...)
 	checkContained(t, log, ports)
+	return log, ports
+}
+
+// wideService is a host service bound to every address, as many are: it accepts and closes
+// connections until the test ends, and answers with its port.
+func wideService(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
 
 // runHostileAgent runs dev with the probe as acme's agent until acme's jobs completed, and
@@ -162,8 +209,8 @@ func runHostileAgent(t *testing.T, orgs, agent string, install func(script strin
 	if err != nil || pg.Port() == "" {
 		t.Fatal("the test database's URL names no port")
 	}
-	launcherPort, controlPort, backendPort := freeTCPPort(t), freeTCPPort(t), freeTCPPort(t)
-	script := strings.NewReplacer("@PGPORT@", pg.Port(), "@LAUNCHERPORT@", launcherPort, "@CONTROLPORT@", controlPort,
+	launcherPort, controlPort, backendPort, widePort := freeTCPPort(t), freeTCPPort(t), freeTCPPort(t), wideService(t)
+	script := strings.NewReplacer("@WIDEPORT@", widePort, "@PGPORT@", pg.Port(), "@LAUNCHERPORT@", launcherPort, "@CONTROLPORT@", controlPort,
 		"@BACKENDPORT@", backendPort, "@OTHERHOME@", filepath.Join(orgs, "globex"), "@ORGSROOT@", orgs).Replace(hostileProbe)
 	install(script)
 	dev := startDevAt(t, orgs, map[string]string{"--launcher-addr": "127.0.0.1:" + launcherPort,
@@ -197,7 +244,7 @@ func runHostileAgent(t *testing.T, orgs, agent string, install func(script strin
 	}
 	log := string(raw)
 	t.Logf("the hostile agent's reached.log:\n%s", log)
-	return log, probedPorts{pg: pg.Port(), launcher: launcherPort, control: controlPort, backend: backendPort}
+	return log, probedPorts{pg: pg.Port(), launcher: launcherPort, control: controlPort, backend: backendPort, wide: widePort}
 }
 
 // checkContained asserts the probe reached nothing outside its org.
@@ -226,7 +273,8 @@ func checkContained(t *testing.T, log string, ports probedPorts) {
 		}
 	}
 	for _, want := range []string{"postgres 127.0.0.1:" + ports.pg + ": refused", "launcher 127.0.0.1:" + ports.launcher + ": refused",
-		"control 127.0.0.1:" + ports.control + ": refused", "backend 127.0.0.1:" + ports.backend + ": refused", "other-home: unreadable", "socket /run/hermes-host/control.sock"} {
+		"control 127.0.0.1:" + ports.control + ": refused", "backend 127.0.0.1:" + ports.backend + ": refused",
+		"wide 127.0.0.1:" + ports.wide + ": refused", "other-home: unreadable", "socket /run/hermes-host/control.sock"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("reached.log lacks %q", want)
 		}

@@ -119,34 +119,69 @@ func (d *Docker) networkMode() string {
 	return NetworkHost
 }
 
-// ensureNetwork adopts the scope's units network, or creates it: a bridge with no traffic
-// between its containers (one org's unit cannot reach another's), labelled as the host's.
-// A network of that name that is not the host's is left alone: ErrNameTaken.
+// unitsNetworkOptions are the driver options of the units network: no traffic between its
+// containers (one org's unit cannot reach another's) and no address of the host on its
+// bridge, so a unit cannot reach the host's services on any of the host's addresses.
+var unitsNetworkOptions = map[string]string{
+	"com.docker.network.bridge.enable_icc":   "false",
+	"com.docker.network.bridge.inhibit_ipv4": "true",
+}
+
+// unitsNetworkAsMade says why a network is not the units network as this runtime makes it
+// ("" when it is): a bridge with unitsNetworkOptions, internal (nothing is routed off it:
+// no other host, no cloud metadata address, no internet).
+func unitsNetworkAsMade(n network.Inspect) string {
+	if n.Driver != "bridge" {
+		return "driver " + n.Driver + ", not bridge"
+	}
+	if !n.Internal {
+		return "not internal"
+	}
+	for k, v := range unitsNetworkOptions {
+		if n.Options[k] != v {
+			return fmt.Sprintf("option %s is %q, not %q", k, n.Options[k], v)
+		}
+	}
+	return ""
+}
+
+// ensureNetwork adopts the scope's units network, or creates it: an internal bridge with
+// unitsNetworkOptions, labelled as the host's. A unit on it reaches nothing by IP but its
+// own loopback. A network of that name that is not the host's is left alone: ErrNameTaken.
+// The host's own network made otherwise (by an earlier version) is made again when no
+// container is on it, and refused, saying what to do, while one is.
 func (d *Docker) ensureNetwork(ctx context.Context) error {
 	if !d.net.isolated {
 		return nil
 	}
 	name := d.unitsNetwork()
-	for try := 0; try < 2; try++ {
+	for try := 0; try < 3; try++ {
 		n, err := d.cli.NetworkInspect(ctx, name, network.InspectOptions{})
 		if err == nil {
 			if n.Labels[LabelManaged] != "true" || n.Labels[LabelScope] != d.cfg.Scope {
 				return fmt.Errorf("%w: network %s is not the host's (labels %v)", ErrNameTaken, name, n.Labels)
 			}
-			if n.Driver != "bridge" || n.Options["com.docker.network.bridge.enable_icc"] != "false" {
-				return fmt.Errorf("network %s is not a bridge without traffic between containers (driver %s): remove it and start again", name, n.Driver)
+			why := unitsNetworkAsMade(n)
+			if why == "" {
+				return nil
 			}
-			return nil
+			if len(n.Containers) > 0 {
+				return fmt.Errorf("network %s is not the units network this host makes (%s) and %d containers are on it: stop them and start again", name, why, len(n.Containers))
+			}
+			if err := d.cli.NetworkRemove(ctx, n.ID); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("network %s is not the units network this host makes (%s), and removing it failed: %w", name, why, err)
+			}
+			d.log.Warn("units network made again", "network", name, "was", why)
+			continue
 		}
 		if !errdefs.IsNotFound(err) {
 			return fmt.Errorf("inspect network %s: %w", name, err)
 		}
 		_, err = d.cli.NetworkCreate(ctx, name, network.CreateOptions{
-			Driver: "bridge",
-			Labels: map[string]string{LabelManaged: "true", LabelScope: d.cfg.Scope},
-			Options: map[string]string{
-				"com.docker.network.bridge.enable_icc": "false",
-			},
+			Driver:   "bridge",
+			Internal: true,
+			Labels:   map[string]string{LabelManaged: "true", LabelScope: d.cfg.Scope},
+			Options:  unitsNetworkOptions,
 		})
 		if err == nil {
 			d.log.Info("units network created", "network", name)

@@ -7,10 +7,12 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 
 	"hermeshost/internal/unitnet"
@@ -50,6 +52,13 @@ func TestDockerUnitsAreOnTheHostsOwnNetwork(t *testing.T) {
 	}
 	old := mustEnsureWorker(t, onHost, org)
 	onHost.Close()
+	// The units network as an earlier version made it: a bridge with a route off it and the
+	// host's address on it. With no container on it, it is made again.
+	if _, err := suite.engine.NetworkCreate(ctx, name, network.CreateOptions{Driver: "bridge",
+		Labels:  map[string]string{LabelManaged: "true", LabelScope: cfg.Scope},
+		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}}); err != nil {
+		t.Fatal(err)
+	}
 
 	cfg.Network = ""
 	cfg.Services = map[string]http.Handler{"api": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -70,7 +79,7 @@ func TestDockerUnitsAreOnTheHostsOwnNetwork(t *testing.T) {
 		t.Fatalf("the units network: %v", err)
 	}
 	if n.Driver != "bridge" || n.Labels[LabelManaged] != "true" || n.Labels[LabelScope] != cfg.Scope ||
-		n.Options["com.docker.network.bridge.enable_icc"] != "false" || n.Internal {
+		n.Options["com.docker.network.bridge.enable_icc"] != "false" || n.Options["com.docker.network.bridge.inhibit_ipv4"] != "true" || !n.Internal {
 		t.Errorf("network %s: driver %s labels %v options %v internal %v", name, n.Driver, n.Labels, n.Options, n.Internal)
 	}
 	e := mustEnsureWorker(t, rt, org)
@@ -143,5 +152,49 @@ func TestDockerLeavesAForeignNetworkOfItsNameAlone(t *testing.T) {
 	}
 	if _, err := suite.engine.NetworkInspect(ctx, name, network.InspectOptions{}); err != nil {
 		t.Fatalf("the foreign network is gone: %v", err)
+	}
+}
+
+// The host's units network made otherwise (by an earlier version: a route off it, the
+// host's address on it) is never used while a container is on it: the runtime refuses to
+// start, saying what to do, and leaves the network and the container as they were.
+func TestDockerRefusesAnOldUnitsNetworkWithContainersOnIt(t *testing.T) {
+	requireEngine(t)
+	ctx := testContext(t)
+	cfg := testConfig(t, nil)
+	cfg.Scope = fmt.Sprintf("oldnet-%s-%d", suite.runID, time.Now().UnixNano()%1e6)
+	cfg.Network = ""
+	name := "hermes-units-" + cfg.Scope
+	made, err := suite.engine.NetworkCreate(ctx, name, network.CreateOptions{Driver: "bridge",
+		Labels:  map[string]string{LabelManaged: "true", LabelScope: cfg.Scope},
+		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removeNetworkAtEnd(t, name)
+	c, err := suite.engine.ContainerCreate(ctx, &container.Config{Image: suite.image, Labels: map[string]string{LabelScope: cfg.Scope}},
+		&container.HostConfig{NetworkMode: container.NetworkMode(name)}, nil, nil, "hermes-oldnet-"+cfg.Scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = suite.engine.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+	})
+	if err := suite.engine.ContainerStart(ctx, c.ID, container.StartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := NewDocker(ctx, cfg)
+	if err == nil {
+		rt.Close()
+		t.Fatal("the runtime used a units network with a route off it")
+	}
+	if !strings.Contains(err.Error(), "not internal") || !strings.Contains(err.Error(), "stop them and start again") {
+		t.Errorf("refusal %q does not say why and what to do", err)
+	}
+	n, err := suite.engine.NetworkInspect(ctx, name, network.InspectOptions{})
+	if err != nil || n.ID != made.ID || len(n.Containers) != 1 {
+		t.Fatalf("the network was changed: %+v %v", n, err)
 	}
 }
