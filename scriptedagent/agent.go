@@ -8,7 +8,9 @@
 //	  - its model endpoint comes from $HERMES_HOME/config.yaml only (model.provider, and the
 //	    providers block's base_url and key_env); OPENAI_BASE_URL and HERMES_MODEL are not read,
 //	    and a home without a provider fails the run as the real CLI does offline;
-//	  - it probes the endpoint at start-up and streams every completion (stream: true);
+//	  - it probes the endpoint at start-up and streams every completion (stream: true); a
+//	    call that cannot connect or whose stream breaks is tried three more times, as the
+//	    real CLI does (it waits 100 ms, doubling, where the real one waits seconds);
 //	  - it stores sessions and messages in $HERMES_HOME/state.db in the shape of the pinned
 //	    release (schema 22): the session stays open after the run, its title NULL, no system
 //	    message row (the prompt is on the session), ids like 20261203_141812_7c2bfe; a

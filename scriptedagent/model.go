@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,9 +51,38 @@ type usage struct {
 	CompletionTokens int64 `json:"completion_tokens"`
 }
 
+// modelRetries is how often a model call that could not be made or whose stream broke is
+// tried again, as the real CLI does (HERMES.md: offline it exits 1 after three retries).
+// The real CLI waits seconds between tries; the stand-in waits 100 ms, doubling.
+const modelRetries = 3
+
+// errConnection marks a model call that failed below HTTP (no connection, or a stream cut
+// before [DONE]): the failures the real CLI retries.
+type errConnection struct{ error }
+
+func (e errConnection) Unwrap() error { return e.error }
+
 // complete sends one chat completion as the real CLI does (stream: true, with
-// stream_options) and returns the assembled text.
+// stream_options) and returns the assembled text, retrying a call that failed below HTTP.
 func (r *run) complete(messages []map[string]string) (string, usage, error) {
+	wait := 100 * time.Millisecond
+	for try := 0; ; try++ {
+		text, u, err := r.completeOnce(messages)
+		var conn errConnection
+		if err == nil || !errors.As(err, &conn) || try == modelRetries || r.ctx.Err() != nil {
+			return text, u, err
+		}
+		fmt.Fprintf(r.stderr, "⚠ API call failed (attempt %d/%d): %v; retrying\n", try+1, modelRetries+1, err)
+		select {
+		case <-time.After(wait):
+		case <-r.ctx.Done():
+			return "", usage{}, err
+		}
+		wait *= 2
+	}
+}
+
+func (r *run) completeOnce(messages []map[string]string) (string, usage, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model":          r.ep.model,
 		"messages":       messages,
@@ -70,7 +100,7 @@ func (r *run) complete(messages []map[string]string) (string, usage, error) {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", usage{}, fmt.Errorf("model request: %w", err)
+		return "", usage{}, errConnection{fmt.Errorf("model request: %w", err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -111,10 +141,10 @@ func (r *run) complete(messages []map[string]string) (string, usage, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return "", usage{}, fmt.Errorf("model stream: %w", err)
+		return "", usage{}, errConnection{fmt.Errorf("model stream: %w", err)}
 	}
 	if !done {
-		return "", usage{}, fmt.Errorf("model stream ended without [DONE]")
+		return "", usage{}, errConnection{fmt.Errorf("model stream ended without [DONE]")}
 	}
 	return text.String(), u, nil
 }
