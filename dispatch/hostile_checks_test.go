@@ -138,3 +138,27 @@ func TestDockerGigabyteOnStderrIsCutAndCounted(t *testing.T) {
 	dockerHostile(t, f, floodStderr)
 	runTheFlood(t, f)
 }
+
+// checkOutOfMemoryAtMaxAttempts asserts what an agent past the memory limit leaves, at
+// MAX_ATTEMPTS=1: each of acme's two jobs crashed once with the reason "out of memory" and
+// failed on the re-claim that gave up; globex's jobs completed.
+func checkOutOfMemoryAtMaxAttempts(t *testing.T, f *fixture) {
+	t.Helper()
+	if st := f.jobsOf(t, "acme"); st[sartiq.StatusFailed] != 2 {
+		t.Errorf("acme's jobs: %v, want both failed at MAX_ATTEMPTS=1", st)
+	}
+	crashed := 0
+	for _, a := range acmeAttempts(t, f) {
+		if a.Outcome == "crashed" && strings.HasPrefix(a.Reason, "out of memory") {
+			crashed++
+			continue
+		}
+		if a.Kind != "reclaim" || !strings.HasPrefix(a.Reason, "gave up after 1 crashed attempts") {
+			t.Errorf("acme attempt %+v, want crashed, out of memory (or the re-claim that gave up)", a)
+		}
+	}
+	if crashed != 2 {
+		t.Errorf("%d of acme's attempts ended out of memory, want 2: %+v", crashed, acmeAttempts(t, f))
+	}
+	checkOthersCompleted(t, f)
+}

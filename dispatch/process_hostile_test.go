@@ -99,21 +99,5 @@ func TestAnAgentPastTheMemoryLimitOnTheSandboxedProcessRuntimeIsOutOfMemory(t *t
 	f.cfg.WorkerEnv = append(f.cfg.WorkerEnv, "HERMES_BIN="+hostileAgent(t, "echo allocating >&2\nexec dd if=/dev/zero of=/dev/null bs=512M count=1"))
 	settle(t, f, 3*time.Minute)
 
-	if st := f.jobsOf(t, "acme"); st[sartiq.StatusFailed] != 2 {
-		t.Errorf("acme's jobs: %v, want both failed at MAX_ATTEMPTS=1", st)
-	}
-	crashed := 0
-	for _, a := range acmeAttempts(t, f) {
-		if a.Outcome == "crashed" && strings.HasPrefix(a.Reason, "out of memory") {
-			crashed++
-			continue
-		}
-		if a.Kind != "reclaim" || !strings.HasPrefix(a.Reason, "gave up after 1 crashed attempts") {
-			t.Errorf("acme attempt %+v, want crashed, out of memory (or the re-claim that gave up)", a)
-		}
-	}
-	if crashed != 2 {
-		t.Errorf("%d of acme's attempts ended out of memory, want 2: %+v", crashed, acmeAttempts(t, f))
-	}
-	checkOthersCompleted(t, f)
+	checkOutOfMemoryAtMaxAttempts(t, f)
 }

@@ -30,6 +30,19 @@ func removeNetworkAtEnd(t *testing.T, name string) {
 	})
 }
 
+// oldUnitsNetwork makes the scope's units network as an earlier version did: labelled the
+// host's, no traffic between containers, but a route off it and the host's address on it.
+func oldUnitsNetwork(t *testing.T, name, scope string) network.CreateResponse {
+	t.Helper()
+	made, err := suite.engine.NetworkCreate(testContext(t), name, network.CreateOptions{Driver: "bridge",
+		Labels:  map[string]string{LabelManaged: "true", LabelScope: scope},
+		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return made
+}
+
 // Isolated (the default), Docker units are on the scope's own bridge network, made once
 // with its labels and no traffic between containers, and adopted by the next runtime; the
 // org's sockets folder is mounted read-only where the unit looks for it and serves the
@@ -54,11 +67,7 @@ func TestDockerUnitsAreOnTheHostsOwnNetwork(t *testing.T) {
 	onHost.Close()
 	// The units network as an earlier version made it: a bridge with a route off it and the
 	// host's address on it. With no container on it, it is made again.
-	if _, err := suite.engine.NetworkCreate(ctx, name, network.CreateOptions{Driver: "bridge",
-		Labels:  map[string]string{LabelManaged: "true", LabelScope: cfg.Scope},
-		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}}); err != nil {
-		t.Fatal(err)
-	}
+	oldUnitsNetwork(t, name, cfg.Scope)
 
 	cfg.Network = ""
 	cfg.Services = map[string]http.Handler{"api": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -165,12 +174,7 @@ func TestDockerRefusesAnOldUnitsNetworkWithContainersOnIt(t *testing.T) {
 	cfg.Scope = fmt.Sprintf("oldnet-%s-%d", suite.runID, time.Now().UnixNano()%1e6)
 	cfg.Network = ""
 	name := "hermes-units-" + cfg.Scope
-	made, err := suite.engine.NetworkCreate(ctx, name, network.CreateOptions{Driver: "bridge",
-		Labels:  map[string]string{LabelManaged: "true", LabelScope: cfg.Scope},
-		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	made := oldUnitsNetwork(t, name, cfg.Scope)
 	removeNetworkAtEnd(t, name)
 	c, err := suite.engine.ContainerCreate(ctx, &container.Config{Image: suite.image, Labels: map[string]string{LabelScope: cfg.Scope}},
 		&container.HostConfig{NetworkMode: container.NetworkMode(name)}, nil, nil, "hermes-oldnet-"+cfg.Scope)
