@@ -53,7 +53,9 @@ type usage struct {
 
 // modelRetries is how often a model call that could not be made or whose stream broke is
 // tried again, as the real CLI does (HERMES.md: offline it exits 1 after three retries).
-// The real CLI waits seconds between tries; the stand-in waits 100 ms, doubling.
+// The real CLI waits seconds between tries; the stand-in waits 100 ms, doubling. It prints
+// nothing of its own while it retries: HERMES.md records no line for it, and the host reads
+// none.
 const modelRetries = 3
 
 // errConnection marks a model call that failed below HTTP (no connection, or a stream cut
@@ -72,7 +74,6 @@ func (r *run) complete(messages []map[string]string) (string, usage, error) {
 		if err == nil || !errors.As(err, &conn) || try == modelRetries || r.ctx.Err() != nil {
 			return text, u, err
 		}
-		fmt.Fprintf(r.stderr, "⚠ API call failed (attempt %d/%d): %v; retrying\n", try+1, modelRetries+1, err)
 		select {
 		case <-time.After(wait):
 		case <-r.ctx.Done():

@@ -60,9 +60,6 @@ func TestABrokenModelStreamIsRetriedThreeTimes(t *testing.T) {
 		if err != nil || text == "" || strings.HasPrefix(text, "half") {
 			t.Errorf("%d cuts: answer %q, error %v; want the whole answer", c.cuts, text, err)
 		}
-		if n := strings.Count(errb.String(), "API call failed"); n != int(c.cuts) {
-			t.Errorf("%d cuts: %d retries said on stderr:\n%s", c.cuts, n, errb.String())
-		}
 	}
 }
 
