@@ -30,6 +30,14 @@ func removeNetworkAtEnd(t *testing.T, name string) {
 	})
 }
 
+// ownScope gives cfg a scope of its own (so the test has its own units network), isolated
+// units, and returns that network's name.
+func ownScope(cfg *Config, prefix string) string {
+	cfg.Scope = fmt.Sprintf("%s-%s-%d", prefix, suite.runID, time.Now().UnixNano()%1e6)
+	cfg.Network = ""
+	return "hermes-units-" + cfg.Scope
+}
+
 // oldUnitsNetwork makes the scope's units network as an earlier version did: labelled the
 // host's, no traffic between containers, but a route off it and the host's address on it.
 func oldUnitsNetwork(t *testing.T, name, scope string) network.CreateResponse {
@@ -51,11 +59,10 @@ func TestDockerUnitsAreOnTheHostsOwnNetwork(t *testing.T) {
 	requireEngine(t)
 	ctx := testContext(t)
 	cfg := testConfig(t, nil)
-	cfg.Scope = fmt.Sprintf("net-%s-%d", suite.runID, time.Now().UnixNano()%1e6)
+	name := ownScope(&cfg, "net")
 	cfg.Network = NetworkHost
 	cfg.RunRoot = filepath.Join(t.TempDir(), "run")
 	org := newOrg(t, cfg, "net")
-	name := "hermes-units-" + cfg.Scope
 	removeNetworkAtEnd(t, name)
 
 	// A worker of an earlier host, on the host's network.
@@ -144,9 +151,7 @@ func TestDockerLeavesAForeignNetworkOfItsNameAlone(t *testing.T) {
 	requireEngine(t)
 	ctx := testContext(t)
 	cfg := testConfig(t, nil)
-	cfg.Scope = fmt.Sprintf("foreign-%s-%d", suite.runID, time.Now().UnixNano()%1e6)
-	cfg.Network = ""
-	name := "hermes-units-" + cfg.Scope
+	name := ownScope(&cfg, "foreign")
 	if _, err := suite.engine.NetworkCreate(ctx, name, network.CreateOptions{Driver: "bridge"}); err != nil {
 		t.Fatal(err)
 	}
@@ -171,9 +176,7 @@ func TestDockerRefusesAnOldUnitsNetworkWithContainersOnIt(t *testing.T) {
 	requireEngine(t)
 	ctx := testContext(t)
 	cfg := testConfig(t, nil)
-	cfg.Scope = fmt.Sprintf("oldnet-%s-%d", suite.runID, time.Now().UnixNano()%1e6)
-	cfg.Network = ""
-	name := "hermes-units-" + cfg.Scope
+	name := ownScope(&cfg, "oldnet")
 	made := oldUnitsNetwork(t, name, cfg.Scope)
 	removeNetworkAtEnd(t, name)
 	c, err := suite.engine.ContainerCreate(ctx, &container.Config{Image: suite.image, Labels: map[string]string{LabelScope: cfg.Scope}},
