@@ -184,7 +184,7 @@ func (p *dashboardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 	}
-	p.proxy.ServeHTTP(w, r.WithContext(ctx))
+	unitnet.FullDuplex(p.proxy).ServeHTTP(w, r.WithContext(ctx))
 }
 
 // refererOrg is the org whose dashboard page made the request, from Referer (sent in full

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"hermeshost/internal/unitnet"
 	"hermeshost/service"
 )
 
@@ -70,7 +71,7 @@ func StartTokenProxy(socket string, api *url.URL, token service.Secret, log *slo
 			service.WriteError(w, http.StatusBadGateway, "backend_unreachable", "the Sartiq API could not be reached")
 		},
 	}
-	srv, err := serveSocket(socket, "token proxy", rp)
+	srv, err := serveSocket(socket, "token proxy", unitnet.FullDuplex(rp))
 	if err != nil {
 		return nil, err
 	}

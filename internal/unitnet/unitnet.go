@@ -155,7 +155,7 @@ func Proxy(base string) (http.Handler, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("unit proxy: %q is not an http(s) URL", base)
 	}
-	return &httputil.ReverseProxy{
+	return FullDuplex(&httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.Out.Host = u.Host
@@ -169,7 +169,20 @@ func Proxy(base string) (http.Handler, error) {
 		},
 		FlushInterval: -1,
 		ErrorLog:      slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn),
-	}, nil
+	}), nil
+}
+
+// FullDuplex serves a reverse proxy with the request's body readable while the answer is
+// written (HTTP/1 full duplex). Without it, the server consumes and closes whatever body is
+// left when the answer's header goes out, while the proxy's transport may still be reading
+// that body to send it on: a read on the closed body fails the transport's write, which
+// drops its upstream connection in the middle of the answer (seen as a model stream cut a
+// moment after it began), or the two readers split the body between them.
+func FullDuplex(rp http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	})
 }
 
 // NewSockets serves services (by name: the socket is <name>.sock) in <root>/<org>/.

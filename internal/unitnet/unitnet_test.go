@@ -1,6 +1,7 @@
 package unitnet
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -183,5 +184,53 @@ func TestSocketsAreServedAgainWhenRemoved(t *testing.T) {
 	}
 	if _, err := NewSockets(t.TempDir(), map[string]http.Handler{"../x": h}, nil); err == nil {
 		t.Fatal("a service name with a path was taken")
+	}
+}
+
+// A service that answers before it has read the request's body (a 404 to a POST, as the
+// gateway gives the agent's start-up probe POST /api/show) is passed on while the body is
+// still coming: the proxy's server neither waits for the rest of the body before sending the
+// answer nor closes the body under the transport that is still sending it on. The client
+// here sends half its body, waits for the answer, then sends the rest: without full duplex
+// the answer never comes (the server reads the rest of the body first), and a client that
+// sent it all could have its answer cut when the transport's last read of the closed body
+// fails.
+func TestAProxyPassesAnAnswerOnWhileTheBodyIsStillComing(t *testing.T) {
+	// The service answers at once, without waiting for the body either.
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		http.Error(w, "not here", http.StatusNotFound)
+	}))
+	t.Cleanup(upstream.Close)
+	p, err := Proxy(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(p)
+	t.Cleanup(front.Close)
+
+	c, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 64 << 10
+	half := strings.Repeat("x", size/2)
+	if _, err := fmt.Fprintf(c, "POST /api/show HTTP/1.1\r\nHost: unit\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", size, half); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer while the body was still coming: %v", err)
+	}
+	if _, err := io.WriteString(c, half); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || strings.TrimSpace(string(body)) != "not here" || err != nil {
+		t.Fatalf("answer %d %q (%v), want the service's 404 whole", resp.StatusCode, body, err)
 	}
 }
