@@ -18,6 +18,26 @@ import (
 	"hermeshost/pg/pgtest"
 )
 
+// baselineTables are the bare lease: a row per key that a transition updates in place
+// (heap-only, as leases' is) and an event row per transition, with no check, trigger,
+// secret or wake-up beyond that.
+const baselineTables = `
+CREATE TABLE baseline (
+    key        text PRIMARY KEY,
+    holder     text,
+    epoch      bigint NOT NULL,
+    expires_at timestamptz
+) WITH (fillfactor = 50);
+CREATE TABLE baseline_events (
+    id     bigserial,
+    key    text NOT NULL,
+    kind   text NOT NULL,
+    holder text NOT NULL,
+    epoch  bigint NOT NULL,
+    at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (key, id)
+)`
+
 // benchPool is a pool on a fresh schema big enough for 32 clients.
 func benchPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
@@ -32,9 +52,6 @@ func benchPool(b *testing.B) *pgxpool.Pool {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE baseline (key text PRIMARY KEY, n bigint NOT NULL)`); err != nil {
-		b.Fatal(err)
-	}
 	return pool
 }
 
@@ -73,22 +90,57 @@ func clients(b *testing.B, c int, op func(client, i int) error) {
 }
 
 // BenchmarkAcquireRelease: one pair is TryAcquire then Release, each client on its own key.
-// The baseline is a single-row UPDATE ... WHERE key = $1 on the same database: a pair is
-// two statements, so half the baseline's rate is the ceiling.
+// The baseline is the same two transitions written as bare statements, each committed on
+// its own: take a free key (moving its epoch on) and write its acquire event, then free it
+// if still held at that epoch and write its release event, one statement each. That is the
+// floor of a fenced lease with a committed audit; what the store adds is its secret, its
+// takeover of expired holdings and insert of new keys in the same statement, the wake-up
+// of waiters, the events' notification to the org's watchers, and its checks. After each
+// run every pair must have left its two events and moved its key's epoch on by one.
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, c := range []int{1, 8, 32} {
-		b.Run(fmt.Sprintf("baseline-update/clients=%d", c), func(b *testing.B) {
+		b.Run(fmt.Sprintf("baseline-statements/clients=%d", c), func(b *testing.B) {
 			pool := benchPool(b)
 			ctx := context.Background()
+			if _, err := pool.Exec(ctx, baselineTables); err != nil {
+				b.Fatal(err)
+			}
 			for g := range c {
-				if _, err := pool.Exec(ctx, `INSERT INTO baseline VALUES ($1, 0)`, fmt.Sprintf("k%d", g)); err != nil {
+				if _, err := pool.Exec(ctx, `INSERT INTO baseline (key, epoch) VALUES ($1, 0)`, fmt.Sprintf("session:bench-%d", g)); err != nil {
 					b.Fatal(err)
 				}
 			}
 			clients(b, c, func(g, _ int) error {
-				_, err := pool.Exec(ctx, `UPDATE baseline SET n = n + 1 WHERE key = $1`, fmt.Sprintf("k%d", g))
-				return err
+				key, holder := fmt.Sprintf("session:bench-%d", g), fmt.Sprintf("client-%d", g)
+				var epoch int64
+				err := pool.QueryRow(ctx, `
+WITH up AS (
+    UPDATE baseline SET holder = $2, epoch = epoch + 1, expires_at = now() + interval '1 minute'
+     WHERE key = $1 AND holder IS NULL
+    RETURNING key, holder, epoch
+), ev AS (
+    INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'acquire', holder, epoch FROM up
+)
+SELECT epoch FROM up`, key, holder).Scan(&epoch)
+				if err != nil {
+					return fmt.Errorf("acquire %s: %w", key, err)
+				}
+				tag, err := pool.Exec(ctx, `
+WITH up AS (
+    UPDATE baseline SET holder = NULL, expires_at = NULL
+     WHERE key = $1 AND holder = $2 AND epoch = $3
+    RETURNING key, epoch
+)
+INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'release', $2, epoch FROM up`, key, holder, epoch)
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("released %d rows, want 1", tag.RowsAffected())
+				}
+				if err != nil {
+					return fmt.Errorf("release %s: %w", key, err)
+				}
+				return nil
 			})
+			checkPairs(b, pool, "baseline", "baseline_events", b.N)
 		})
 		b.Run(fmt.Sprintf("lease/clients=%d", c), func(b *testing.B) {
 			pool := benchPool(b)
@@ -102,7 +154,29 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				}
 				return s.Release(ctx, l)
 			})
+			checkPairs(b, pool, "leases", "lease_events", b.N)
 		})
+	}
+}
+
+// checkPairs fails the benchmark unless pairs acquire+release pairs left every key free,
+// one acquire and one release event each, and the keys' epochs moved on by pairs in all
+// (the baseline's keys start at epoch 0; the store's first take inserts a key at 1).
+func checkPairs(b *testing.B, pool *pgxpool.Pool, table, events string, pairs int) {
+	b.Helper()
+	var held, epochs, acquires, releases int64
+	err := pool.QueryRow(context.Background(), fmt.Sprintf(`
+		SELECT (SELECT count(*) FILTER (WHERE holder IS NOT NULL) FROM %[1]s),
+		       (SELECT coalesce(sum(epoch), 0) FROM %[1]s),
+		       (SELECT count(*) FILTER (WHERE kind = 'acquire') FROM %[2]s),
+		       (SELECT count(*) FILTER (WHERE kind = 'release') FROM %[2]s)`, table, events)).Scan(&held, &epochs, &acquires, &releases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := int64(pairs)
+	if held != 0 || epochs != n || acquires != n || releases != n {
+		b.Fatalf("%s after %d pairs: %d keys held, epochs moved on %d times, %d acquire and %d release events",
+			table, pairs, held, epochs, acquires, releases)
 	}
 }
 
