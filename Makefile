@@ -10,7 +10,7 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './node_modules/*' -not -pa
 # embeds them from.
 HTMX := static/vendor/htmx.min.js static/vendor/htmx-ext-sse.min.js
 
-.PHONY: run test build generate lint test-go test-python fuzz bench bench-dashboard bench-live images clean
+.PHONY: run test build generate lint test-go test-faults soak test-python fuzz bench bench-dashboard bench-live images clean
 
 ## run: start Postgres if none is given (and Docker when installed), build the images when an engine answers,
 ## migrate, and run the whole product (hermes-host dev): backend with demo jobs, gateway, dispatcher claiming.
@@ -53,10 +53,20 @@ lint: $(HTMX)
 
 ## test: every test (real Postgres), with the race detector, after lint.
 test: lint build
-	scripts/with-services.sh $(MAKE) --no-print-directory test-go test-python fuzz
+	scripts/with-services.sh $(MAKE) --no-print-directory test-go test-faults test-python fuzz
 
 test-go:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
+
+# The fault suite (faults/): the whole system on a Postgres cluster and a dockerd of its own,
+# faults from a seeded schedule (HERMES_FAULT_SEED replays one), invariants checked after.
+# It runs alone, after test-go, as it stops its engine and database mid-run.
+test-faults:
+	HERMES_FAULTS=1 CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m -run . -v ./faults/
+
+## soak: the fault suite for 15 minutes of faults (HERMES_FAULTS_DURATION sets another length).
+soak:
+	HERMES_FAULTS=1 HERMES_FAULTS_SOAK=1 CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 60m -run . -v ./faults/
 
 # The host's Hermes plugin, in Python's own unittest (standard library only). Its end-to-end
 # case, against the hook socket of a real run-job, runs in test-go (worker TestPlugin*).

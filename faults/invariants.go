@@ -181,10 +181,12 @@ func CheckAll(s State) []Violation {
 }
 
 // runOpens and runCloses are the backend's kinds that open and close a run of a job. A
-// crash (the dispatcher ending an attempt whose worker died) closes one too.
+// crash (the dispatcher ending an attempt whose worker died) is written within the run, which
+// its release (or, at the attempt cap, its fail) then closes; a run left to go stale is
+// closed by the re-claim that takes it over.
 var (
 	runOpens  = []string{"claim", "reclaim"}
-	runCloses = []string{"complete", "fail", "release", "crash"}
+	runCloses = []string{"complete", "fail", "release"}
 )
 
 // CheckJobsEnded: every job is COMPLETED with exactly one complete in its log, or FAILED
@@ -231,7 +233,7 @@ func CheckJobsEnded(s State) []Violation {
 }
 
 // CheckOneRunPerOrg replays the backend's log in commit order: a claim or re-claim opens a
-// run of its job, a complete, fail, release or crash closes it, and a re-claim also takes
+// run of its job, a complete, fail or release closes it, and a re-claim also takes
 // over the run of its own job. No org may have two runs open. The host's claim_attempts
 // say the same: per org, the claim-to-outcome intervals are disjoint (an attempt without
 // an outcome ends where its job's next attempt began).
@@ -361,7 +363,7 @@ func CheckLeases(s State) []Violation {
 }
 
 // CheckStaleJobWrites: a job's log has a write only while a run of it is open (after a
-// claim or re-claim, before its complete, fail, release or crash), and each carries the
+// claim or re-claim, before its complete, fail or release), and each carries the
 // attempt of that run. The backend accepts a worker's write only with the live job token,
 // which a close revokes and a re-claim replaces, so a write outside a run, or of an earlier
 // attempt, is a superseded run's write that got through.

@@ -42,7 +42,7 @@ func goodHistory() State {
 			{ID: "j3", Org: "globex", Status: "COMPLETED", Attempt: 1}},
 		JobEvents: []JobEvent{
 			ev(1, "j1", "acme", "claim", 1, 1), ev(2, "j3", "globex", "claim", 1, 1),
-			ev(3, "j1", "acme", "start", 1, 2), ev(4, "j1", "acme", "crash", 1, 3),
+			ev(3, "j1", "acme", "start", 1, 2), ev(4, "j1", "acme", "crash", 1, 3), ev(13, "j1", "acme", "release", 1, 3),
 			ev(5, "j1", "acme", "claim", 2, 4), ev(6, "j1", "acme", "complete", 2, 5),
 			ev(7, "j3", "globex", "complete", 1, 5),
 			ev(8, "j2", "acme", "claim", 1, 6), ev(9, "j2", "acme", "reclaim", 2, 8), ev(10, "j2", "acme", "reclaim", 3, 10),
@@ -84,7 +84,7 @@ func TestAGoodHistoryKeepsEveryInvariant(t *testing.T) {
 
 func TestJobsEnded(t *testing.T) {
 	s := goodHistory()
-	s.JobEvents = append(s.JobEvents, ev(13, "j3", "globex", "complete", 1, 20)) // completed twice
+	s.JobEvents = append(s.JobEvents, ev(14, "j3", "globex", "complete", 1, 20)) // completed twice
 	wantViolations(t, CheckJobsEnded(s), 1, "j3", "2 complete events")
 
 	s = goodHistory()
@@ -103,8 +103,8 @@ func TestJobsEnded(t *testing.T) {
 func TestOneRunPerOrg(t *testing.T) {
 	s := goodHistory()
 	// j4 claimed for acme while j1's second run is open.
-	s.JobEvents = slices.Insert(s.JobEvents, 5, ev(50, "j4", "acme", "claim", 1, 4))
-	s.JobEvents = slices.Insert(s.JobEvents, 7, ev(51, "j4", "acme", "complete", 1, 5))
+	s.JobEvents = slices.Insert(s.JobEvents, 6, ev(50, "j4", "acme", "claim", 1, 4))
+	s.JobEvents = slices.Insert(s.JobEvents, 8, ev(51, "j4", "acme", "complete", 1, 5))
 	wantViolations(t, CheckOneRunPerOrg(s), 1, "org acme", "j4 claimed", "while job j1")
 
 	s = goodHistory()
@@ -140,8 +140,8 @@ func TestLeases(t *testing.T) {
 
 func TestStaleJobWrites(t *testing.T) {
 	s := goodHistory()
-	// attempt 1's progress lands after the crash closed its run (and after the re-claim).
-	s.JobEvents = slices.Insert(s.JobEvents, 5, ev(40, "j1", "acme", "progress", 1, 4))
+	// attempt 1's progress lands after the release closed its run (and after the claim).
+	s.JobEvents = slices.Insert(s.JobEvents, 6, ev(40, "j1", "acme", "progress", 1, 4))
 	wantViolations(t, CheckStaleJobWrites(s), 1, "j1", "attempt 1 accepted while attempt 2")
 
 	s = goodHistory()
