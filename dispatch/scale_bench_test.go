@@ -1,0 +1,703 @@
+package dispatch_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"hermeshost/dispatch"
+	"hermeshost/dispatch/runtime"
+	"hermeshost/gateway"
+	"hermeshost/pg"
+	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend"
+	"hermeshost/sartiq/backend/backendtest"
+	"hermeshost/scriptedagent"
+)
+
+// benchScale lets the scale run go (minutes per runtime); `make bench` sets it.
+const benchScale = "HERMES_BENCH_SCALE"
+
+// The scale run: scaleOrgs orgs with scalePerOrg small jobs each, two dispatchers.
+const (
+	scaleOrgs   = 200
+	scalePerOrg = 25
+	// scaleKills orgs run their jobs with the scripted agent's steps slowed to scaleStep,
+	// so that a SIGKILL of their worker lands mid-job; one job of each is killed.
+	scaleKills = 4
+	scaleStep  = time.Second
+	// Timings of the scale run: the dispatchers poll every scalePoll; heartbeat and
+	// STALE_AFTER are the product's defaults.
+	scalePoll      = time.Second
+	scaleHeartbeat = defaultHeartbeat
+	scaleStale     = backend.DefaultStaleAfter
+)
+
+// BenchmarkScale is the scale run: 200 orgs x 25 small jobs (5,000, scripted agent), on the
+// process runtime and on Docker, with the backend and the gateway (with its demo upstream)
+// each a `hermes-host` process of its own, as deployed.
+//
+// dispatchers: two dispatch.Dispatchers in this process, each with its own holder, sharing
+// the orgs through their org: leases (MaxOrgs 100 each), Run with a 1 s poll. During the
+// run one job of each of 4 orgs is SIGKILLed with its worker mid-job; kill-to-start is the
+// time from the kill to that job's next attempt's start line. baseline-run-job: the same
+// jobs claimed by the bot and run with `worker run-job` directly, one goroutine per org
+// (the same 200 at once), no dispatcher and no kills.
+//
+// Both time from the first job queued to the last worker's exit (queueing 5,000 jobs is
+// part of it on both sides) and report claim-to-start and claim-to-agent percentiles of
+// first attempts (a claim's response reaching the client to the worker's start and
+// agent_start lines). Memory: this process's peak RSS (VmHWM, reset at the start of the
+// run) and largest Go heap (sampled every 100 ms), which hold both dispatchers; the
+// backend's and the gateway's peak RSS; on processes the largest peak RSS of any worker,
+// run-job and agent process (sampled from /proc every 250 ms), on Docker the largest and
+// median container memory peak (the engine's max_usage). Every job must end COMPLETED
+// with exactly one completion, every killed job at attempt 2 and every other at 1, and
+// both dispatchers must have owned orgs, or there is no figure.
+func BenchmarkScale(b *testing.B) {
+	if os.Getenv(benchScale) == "" {
+		b.Skipf("the scale run takes minutes per runtime; set %s=1 to run it (make bench does)", benchScale)
+	}
+	for _, kind := range []string{"process", "docker"} {
+		b.Run(kind, func(b *testing.B) {
+			b.Run("baseline-run-job", func(b *testing.B) {
+				w := newScaleWorld(b, kind)
+				w.warmOrgs(b)
+				w.queueAndRunDirect(b, 1) // warms every connection before timing
+				for b.Loop() {
+					w.round(b, false)
+				}
+			})
+			b.Run("dispatchers", func(b *testing.B) {
+				w := newScaleWorld(b, kind)
+				w.warmOrgs(b)
+				ds := []*dispatch.Dispatcher{w.dispatcher(b, "scale-a"), w.dispatcher(b, "scale-b")}
+				for _, d := range ds {
+					w.run(b, d, scalePoll)
+				}
+				w.ds = ds
+				w.queueAndDrain(b, 1) // the dispatchers own every org before timing
+				for b.Loop() {
+					w.round(b, true)
+				}
+			})
+		})
+	}
+}
+
+// scaleWorld is a benchWorld whose backend and gateway are processes of their own.
+type scaleWorld struct {
+	*benchWorld
+	kind     string
+	db       *pgxpool.Pool // the backend's schema
+	backend  *serviceProc
+	gateway  *serviceProc
+	orgs     []string
+	killOrgs map[string]bool
+	ds       []*dispatch.Dispatcher
+	docker   *client.Client
+
+	jobsMu sync.Mutex
+	byOrg  map[string][]string // every job queued in the world, by org, in queue order
+}
+
+// serviceProc is a `hermes-host` service run for a benchmark.
+type serviceProc struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan error
+}
+
+// startService runs `hermes-host args...` with env, waits for its "listening" line of
+// server name and stops it (SIGTERM) when the benchmark ends.
+func startService(b *testing.B, name string, env []string, args ...string) *serviceProc {
+	b.Helper()
+	logPath := filepath.Join(b.TempDir(), name+".log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "hermes-host"), args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "LOG_FORMAT=json", "LOG_LEVEL=info"}, env...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	p := &serviceProc{cmd: cmd, done: make(chan error, 1)}
+	go func() {
+		p.done <- cmd.Wait()
+		out.Close()
+	}()
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	for p.url == "" {
+		select {
+		case err := <-p.done:
+			raw, _ := os.ReadFile(logPath)
+			b.Fatalf("%s exited before listening: %v\n%s", name, err, raw)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s did not listen within a minute", name)
+		}
+		raw, _ := os.ReadFile(logPath)
+		for _, line := range strings.Split(string(raw), "\n") {
+			var l struct{ Msg, Server, URL string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "listening" && l.Server == name {
+				p.url = l.URL
+			}
+		}
+	}
+	return p
+}
+
+func newScaleWorld(b *testing.B, kind string) *scaleWorld {
+	b.Helper()
+	ctx := context.Background()
+	w := &scaleWorld{benchWorld: &benchWorld{id: strings.ToLower(rand.Text()[:6]), tl: newTimeline()}, kind: kind,
+		byOrg: map[string][]string{}}
+	backendURL, _ := pgtest.EmptySchema(b)
+	w.backend = startService(b, "backend", []string{
+		"BACKEND_DATABASE_URL=" + backendURL, "SARTIQ_BOT_TOKEN=" + backendtest.BotToken,
+		"STALE_AFTER=" + scaleStale.String(),
+	}, "backend", "--addr", "127.0.0.1:0")
+	db, _, err := pg.Open(ctx, backendURL, backend.Migrations.DefaultSchema)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(db.Close)
+	w.db = db
+	w.gateway = startService(b, "gateway", []string{
+		"GATEWAY_SECRET=" + gatewaySecret, "GATEWAY_KEY=host-key",
+		"GATEWAY_ORG_RPS=1000", "GATEWAY_ORG_CONCURRENCY=16",
+	}, "gateway", "--addr", "127.0.0.1:0", "--upstream", "demo")
+	bot, err := sartiq.New(w.backend.url, backendtest.BotToken,
+		sartiq.WithHTTPClient(&http.Client{Timeout: time.Minute, Transport: observer{tl: w.tl, next: http.DefaultTransport}}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.bot = bot
+	_, hostDB := pgtest.Schema(b)
+	root := b.TempDir()
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	rc := runtime.Config{
+		Instance: "dispatch-scale", Scope: "dispatch-scale-" + w.id,
+		OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
+		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
+		Logger: log, Network: "host",
+	}
+	var rt runtime.Runtime
+	if kind == "docker" {
+		rc.WorkerImage = buildWorkerImage(b, rc.Scope, w.id)
+		rc.DashboardImage = rc.WorkerImage
+		rt, err = runtime.NewDocker(ctx, rc)
+		if err == nil {
+			w.docker, err = client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		}
+	} else {
+		rt, err = runtime.NewProcess(rc)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		rt.Close()
+		if w.docker != nil {
+			w.docker.Close()
+		}
+	})
+	w.rt = observedRuntime{Runtime: rt, tl: w.tl}
+	w.cfg = dispatch.Config{
+		Bot: bot, APIURL: w.backend.url, Runtime: w.rt, DB: hostDB, OrgsRoot: rc.OrgsRoot,
+		GatewayURL: w.gateway.url, GatewayKey: "host-key", GatewaySecret: gatewaySecret,
+		WorkerModel: gateway.DemoWorkerModel, VisionModel: gateway.DemoVisionModel,
+		ClaimEnabled: true, MaxOrgs: scaleOrgs / 2,
+		WorkerEnv: []string{"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=" + scaleHeartbeat.String()},
+		Log:       log,
+	}
+	return w
+}
+
+// dispatcher is a dispatcher of its own instance name (and so its own holder).
+func (w *scaleWorld) dispatcher(b *testing.B, instance string) *dispatch.Dispatcher {
+	cfg := w.cfg
+	cfg.Instance = instance
+	d := dispatch.New(cfg)
+	b.Cleanup(d.Close)
+	return d
+}
+
+// warmOrgs makes the orgs' homes and workers; the kill orgs' agents take scaleStep a step.
+func (w *scaleWorld) warmOrgs(b *testing.B) {
+	b.Helper()
+	w.orgs = make([]string, scaleOrgs)
+	w.killOrgs = map[string]bool{}
+	slow, _ := json.Marshal(scriptedagent.Knobs{StepMS: int(scaleStep.Milliseconds())})
+	for i := range w.orgs {
+		org := w.org(fmt.Sprintf("%03d", i))
+		w.orgs[i] = org
+		w.warm(b, org)
+		if i%(scaleOrgs/scaleKills) == scaleOrgs/scaleKills/2 {
+			w.killOrgs[org] = true
+			if err := os.WriteFile(filepath.Join(w.cfg.OrgsRoot, org, scriptedagent.KnobsFile), slow, 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// queue queues per jobs for every org, round robin (each org's types alternate), and
+// answers them by org in queue order.
+func (w *scaleWorld) queue(b *testing.B, per int) map[string][]string {
+	b.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	for _, org := range w.orgs {
+		if err := backend.EnsureOrganization(ctx, w.db, org, "Org "+org, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	jobs := map[string][]string{}
+	for i := range per {
+		for _, org := range w.orgs {
+			j := backend.NewJob{Type: sartiq.TypeProductIngest, OrganizationID: org,
+				Instructions: "Propose one product for each row of catalog.csv.",
+				Sources:      []sartiq.ManifestSource{{Name: "catalog.csv", MediaType: "text/csv", Content: "sku,name,price\n" + org + "-1,Trail Shoe,89.00\n"}}}
+			if i%2 == 1 {
+				j = backend.NewJob{Type: sartiq.TypeGuidelinesExtraction, OrganizationID: org,
+					Instructions: "Extract the brand guidelines of every category from brand-book.md.",
+					Categories:   backend.DemoCategories[:1],
+					Sources:      []sartiq.ManifestSource{{Name: "brand-book.md", MediaType: "text/markdown", Content: "# Brand book\n\n## Tone of voice\nPlain and warm.\n"}}}
+			}
+			id, err := backend.CreateJob(ctx, w.db, j, time.Now())
+			if err != nil {
+				b.Fatal(err)
+			}
+			jobs[org] = append(jobs[org], id)
+			w.jobsMu.Lock()
+			w.byOrg[org] = append(w.byOrg[org], id)
+			w.jobsMu.Unlock()
+		}
+	}
+	return jobs
+}
+
+// queueAndRunDirect queues per jobs for every org and runs each org's in turn through
+// bare run-jobs, every org at once.
+func (w *scaleWorld) queueAndRunDirect(b *testing.B, per int) map[string][]string {
+	b.Helper()
+	jobs := w.queue(b, per)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(w.orgs))
+	for _, org := range w.orgs {
+		wg.Go(func() {
+			for _, job := range jobs[org] {
+				if err := w.runJob(org, job); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return jobs
+}
+
+// queueAndDrain queues per jobs for every org and waits until every one has a run-job
+// that exited 0 (a killed attempt's does not).
+func (w *scaleWorld) queueAndDrain(b *testing.B, per int) map[string][]string {
+	b.Helper()
+	target := w.tl.okExits() + len(w.orgs)*per
+	jobs := w.queue(b, per)
+	w.tl.wait(b, time.Hour, fmt.Sprintf("%d jobs to end", len(w.orgs)*per), func() bool { return w.tl.exitsOK >= target })
+	return jobs
+}
+
+// kill is one SIGKILL of a worker mid-job and what followed.
+type kill struct {
+	org, job string
+	at       time.Time
+	err      error
+}
+
+// round runs scalePerOrg jobs for every org, through the dispatchers (with kills) or
+// bare run-jobs, checks that every job completed exactly once, and reports.
+func (w *scaleWorld) round(b *testing.B, dispatched bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mem := w.watchMemory(ctx)
+	var jobs map[string][]string
+	var kills []*kill
+	began := time.Now()
+	if dispatched {
+		killCtx, stopKilling := context.WithCancel(ctx)
+		var killed sync.WaitGroup
+		// Each kill org loses its worker once, on a different job of its run each.
+		n := 0
+		for _, org := range w.orgs {
+			if !w.killOrgs[org] {
+				continue
+			}
+			k := &kill{org: org}
+			kills = append(kills, k)
+			w.jobsMu.Lock()
+			skip := len(w.byOrg[org]) // jobs of earlier rounds
+			w.jobsMu.Unlock()
+			nth := (4 + 5*n) % scalePerOrg
+			n++
+			killed.Go(func() { w.killMidJob(killCtx, k, skip, nth) })
+		}
+		jobs = w.queueAndDrain(b, scalePerOrg)
+		stopKilling()
+		killed.Wait()
+	} else {
+		jobs = w.queueAndRunDirect(b, scalePerOrg)
+	}
+	elapsed := time.Since(began)
+	b.StopTimer()
+	peaks := mem.stop(b)
+
+	var all []string
+	for _, org := range w.orgs {
+		all = append(all, jobs[org]...)
+	}
+	killedJobs := map[string]bool{}
+	var toStart, toAgent []time.Duration
+	for _, k := range kills {
+		if k.err != nil {
+			b.Fatalf("kill of %s's worker: %v", k.org, k.err)
+		}
+		killedJobs[k.job] = true
+		started, ok1 := w.tl.when(mark{k.job, 2, "start"})
+		agent, ok2 := w.tl.when(mark{k.job, 2, "agent_start"})
+		if !ok1 || !ok2 {
+			b.Fatalf("job %s killed: attempt 2 start seen %v, agent_start seen %v", k.job, ok1, ok2)
+		}
+		toStart = append(toStart, started.Sub(k.at))
+		toAgent = append(toAgent, agent.Sub(k.at))
+	}
+	w.checkCompletedOnce(b, all, killedJobs)
+	if dispatched {
+		for i, d := range w.ds {
+			if len(d.Owned()) == 0 {
+				b.Fatalf("dispatcher %d owns no org: the orgs were not shared", i)
+			}
+			b.ReportMetric(float64(len(d.Owned())), fmt.Sprintf("orgs-owned-%c", 'a'+i))
+		}
+	}
+
+	var claimToStart, claimToAgent []time.Duration
+	for _, job := range all {
+		if killedJobs[job] {
+			continue
+		}
+		claimed, ok0 := w.tl.when(mark{job, 1, "claim"})
+		started, ok1 := w.tl.when(mark{job, 1, "start"})
+		agent, ok2 := w.tl.when(mark{job, 1, "agent_start"})
+		if !ok0 || !ok1 || !ok2 {
+			b.Fatalf("job %s: claim seen %v, start seen %v, agent_start seen %v", job, ok0, ok1, ok2)
+		}
+		claimToStart = append(claimToStart, started.Sub(claimed))
+		claimToAgent = append(claimToAgent, agent.Sub(claimed))
+	}
+	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "jobs/s")
+	b.ReportMetric(elapsed.Seconds(), "run-s")
+	reportPercentiles(b, "claim-to-start", claimToStart)
+	reportPercentiles(b, "claim-to-agent", claimToAgent)
+	if len(kills) > 0 {
+		b.ReportMetric(float64(len(kills)), "kills")
+		b.ReportMetric(median(toStart).Seconds(), "kill-to-start-median-s")
+		b.ReportMetric(slices.Max(toStart).Seconds(), "kill-to-start-max-s")
+		b.ReportMetric(median(toAgent).Seconds(), "kill-to-agent-median-s")
+	}
+	for _, p := range peaks {
+		b.ReportMetric(p.mb, p.name+"-MB")
+	}
+	b.StartTimer()
+}
+
+func reportPercentiles(b *testing.B, name string, d []time.Duration) {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000, name+"-p50-ms")
+	b.ReportMetric(float64(s[len(s)*99/100].Microseconds())/1000, name+"-p99-ms")
+}
+
+// killMidJob waits for the first attempt of org's nth job after its first skip (from 0;
+// an org's jobs are claimed oldest first, one at a time) to start its agent, gives the agent
+// (slowed to scaleStep a step) a quarter step, and SIGKILLs the org's worker with it.
+func (w *scaleWorld) killMidJob(ctx context.Context, k *kill, skip, nth int) {
+	for k.job == "" {
+		w.jobsMu.Lock()
+		if q := w.byOrg[k.org]; len(q) > skip+nth {
+			k.job = q[skip+nth]
+		}
+		w.jobsMu.Unlock()
+		select {
+		case <-ctx.Done():
+			k.err = errors.New("the run ended before the job to kill was queued")
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := w.waitMark(ctx, mark{k.job, 1, "agent_start"}); err != nil {
+		k.err = err
+		return
+	}
+	time.Sleep(scaleStep / 4)
+	if _, done := w.tl.when(mark{k.job, 1, "exit"}); done {
+		k.err = fmt.Errorf("job %s ended before the kill", k.job)
+		return
+	}
+	k.at, k.err = w.killUnit(ctx, k.org)
+}
+
+// waitMark waits until the timeline has m or ctx ends.
+func (w *scaleWorld) waitMark(ctx context.Context, m mark) error {
+	for {
+		w.tl.mu.Lock()
+		_, ok := w.tl.at[m]
+		changed := w.tl.changed
+		w.tl.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("the run ended before %s of job %s attempt %d", m.kind, m.job, m.attempt)
+		}
+	}
+}
+
+// killUnit SIGKILLs org's worker: the process runtime's unit process, or the container's
+// main process through the engine.
+func (w *scaleWorld) killUnit(ctx context.Context, org string) (time.Time, error) {
+	units, err := w.rt.List(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, u := range units {
+		if u.Org != org || u.Role != runtime.RoleWorker || !u.Running {
+			continue
+		}
+		if w.docker != nil {
+			at := time.Now()
+			return at, w.docker.ContainerKill(ctx, u.ID, "KILL")
+		}
+		pid, err := strconv.Atoi(u.ID)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("worker %s: %v", u.Name, err)
+		}
+		at := time.Now()
+		return at, syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return time.Time{}, fmt.Errorf("no running worker of %s", org)
+}
+
+// checkCompletedOnce fails the benchmark unless every job is COMPLETED with exactly one
+// complete event, the killed ones at attempt 2 and every other at attempt 1.
+func (w *scaleWorld) checkCompletedOnce(b *testing.B, jobs []string, killed map[string]bool) {
+	b.Helper()
+	var completed, completions, attempts int
+	err := w.db.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM agent_jobs WHERE id = ANY($1::uuid[]) AND status = 'COMPLETED'),
+		       (SELECT count(*) FROM agent_job_events WHERE job_id = ANY($1::uuid[]) AND kind = 'complete'),
+		       (SELECT coalesce(sum(attempt), 0) FROM agent_jobs WHERE id = ANY($1::uuid[]))`, jobs).
+		Scan(&completed, &completions, &attempts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := len(jobs)
+	if completed != n || completions != n || attempts != n+len(killed) {
+		b.Fatalf("of %d jobs (%d killed once): %d COMPLETED, %d completions, %d attempts in all (want %d)",
+			n, len(killed), completed, completions, attempts, n+len(killed))
+	}
+}
+
+// memoryWatch samples this process's Go heap and, on the process runtime, the workers'
+// peak RSS, until stopped; it resets this process's and the services' peak RSS first.
+type memoryWatch struct {
+	w      *scaleWorld
+	stopc  chan struct{}
+	done   chan struct{}
+	mu     sync.Mutex
+	heap   uint64
+	byRole map[string]uint64 // worker, run-job, agent: the largest VmHWM seen, in bytes
+}
+
+type peak struct {
+	name string
+	mb   float64
+}
+
+func (w *scaleWorld) watchMemory(ctx context.Context) *memoryWatch {
+	for _, pid := range []int{os.Getpid(), w.backend.cmd.Process.Pid, w.gateway.cmd.Process.Pid} {
+		// 5 resets the peak RSS (VmHWM) to the current RSS.
+		_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+	}
+	m := &memoryWatch{w: w, stopc: make(chan struct{}), done: make(chan struct{}), byRole: map[string]uint64{}}
+	go func() {
+		defer close(m.done)
+		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		heapTick, procTick := time.NewTicker(100*time.Millisecond), time.NewTicker(250*time.Millisecond)
+		defer heapTick.Stop()
+		defer procTick.Stop()
+		for {
+			select {
+			case <-m.stopc:
+				return
+			case <-ctx.Done():
+				return
+			case <-heapTick.C:
+				metrics.Read(sample)
+				m.mu.Lock()
+				m.heap = max(m.heap, sample[0].Value.Uint64())
+				m.mu.Unlock()
+			case <-procTick.C:
+				if w.docker == nil {
+					m.sampleProcs()
+				}
+			}
+		}
+	}()
+	return m
+}
+
+// sampleProcs notes the peak RSS of every worker, run-job and agent process now running.
+func (m *memoryWatch) sampleProcs() {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	hermes, agent := filepath.Join(binDir, "hermes-host"), filepath.Join(binDir, "scripted-agent")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		role := ""
+		switch {
+		case len(args) >= 3 && args[0] == hermes && args[1] == "worker" && args[2] == "idle":
+			role = "worker"
+		case len(args) >= 3 && args[0] == hermes && args[1] == "worker" && args[2] == "run-job":
+			role = "run-job"
+		case args[0] == agent || filepath.Base(args[0]) == "scripted-agent":
+			role = "agent"
+		default:
+			continue
+		}
+		if hwm := vmHWM(e.Name()); hwm > 0 {
+			m.mu.Lock()
+			m.byRole[role] = max(m.byRole[role], hwm)
+			m.mu.Unlock()
+		}
+	}
+}
+
+// vmHWM is a process's peak RSS in bytes, 0 when unknown.
+func vmHWM(pid string) uint64 {
+	f, err := os.Open("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// stop ends the sampling and answers the peaks, in MB (10^6 bytes).
+func (m *memoryWatch) stop(b *testing.B) []peak {
+	b.Helper()
+	close(m.stopc)
+	<-m.done
+	mb := func(n uint64) float64 { return float64(n) / 1e6 }
+	peaks := []peak{
+		{"this-process-rss", mb(vmHWM(strconv.Itoa(os.Getpid())))},
+		{"this-process-heap", mb(m.heap)},
+		{"backend-rss", mb(vmHWM(strconv.Itoa(m.w.backend.cmd.Process.Pid)))},
+		{"gateway-rss", mb(vmHWM(strconv.Itoa(m.w.gateway.cmd.Process.Pid)))},
+	}
+	if m.w.docker == nil {
+		for _, role := range []string{"worker", "run-job", "agent"} {
+			if m.byRole[role] == 0 {
+				b.Fatalf("no %s process was seen", role)
+			}
+			peaks = append(peaks, peak{"max-" + role + "-rss", mb(m.byRole[role])})
+		}
+		return peaks
+	}
+	// On Docker: every worker container's memory peak (the cgroup's max_usage).
+	units, err := m.w.rt.List(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var usage []uint64
+	for _, u := range units {
+		if u.Role != runtime.RoleWorker {
+			continue
+		}
+		st, err := m.w.docker.ContainerStatsOneShot(context.Background(), u.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var s container.StatsResponse
+		err = json.NewDecoder(st.Body).Decode(&s)
+		st.Body.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if s.MemoryStats.MaxUsage > 0 {
+			usage = append(usage, s.MemoryStats.MaxUsage)
+		}
+	}
+	if len(usage) == 0 {
+		b.Fatalf("the engine reported no container's memory peak (max_usage is cgroup v1's)")
+	}
+	slices.Sort(usage)
+	return append(peaks, peak{"max-container", mb(usage[len(usage)-1])}, peak{"median-container", mb(usage[len(usage)/2])})
+}
