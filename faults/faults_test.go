@@ -171,17 +171,28 @@ func TestFaults(t *testing.T) {
 	}
 	stopWork()
 	work.Wait()
+	// Every org gets work after the last fault: it must get done.
+	lastFault := time.Now()
+	for _, org := range orgs {
+		if err := s.addJob(org); err != nil {
+			t.Errorf("queue a job for %s after the faults: %v", org, err)
+		}
+	}
 	s.logf("faults done; letting every job end")
 	s.drain(3 * time.Minute)
 	s.reopenDashboards()
 	s.stopAll()
 	st := s.collect()
+	st.Orgs, st.LastFault = orgs, lastFault
 	vs := CheckAll(st)
 	Attribute(vs, s.applied)
 	s.logf("%d jobs, %d job events, %d attempts, %d lease events, %d messages sent, %d operator actions, %d faults applied",
 		len(st.Jobs), len(st.JobEvents), len(st.Attempts), len(st.LeaseEvents), len(st.Sent), len(st.Actions), len(s.applied))
 	for _, n := range s.notes {
 		t.Log(n)
+	}
+	if len(vs) > 0 || t.Failed() {
+		s.saveArtifacts(st, vs)
 	}
 	if len(vs) > 0 {
 		t.Errorf("%d invariant violations (seed %d; replay with HERMES_FAULT_SEED=%d make test-faults):\n%s", len(vs), seed, seed, Report(vs))
@@ -1053,4 +1064,32 @@ func (p *provider) checkCredentials(got []byte) error {
 		return fmt.Errorf("auth.json holds a refresh token the provider never issued")
 	}
 	return nil
+}
+
+// saveArtifacts keeps what a failed run leaves for its reader in test-artifacts/faults/
+// (git-ignored) at the repository's root: every process's log, the faults applied, the
+// violations and the durable state they were checked on.
+func (s *suite) saveArtifacts(st State, vs []Violation) {
+	dir, err := filepath.Abs(filepath.Join("..", "test-artifacts", "faults", fmt.Sprintf("seed-%d", s.seed)))
+	if err == nil {
+		_ = os.RemoveAll(dir)
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		s.t.Logf("keep the run's artifacts: %v", err)
+		return
+	}
+	for _, p := range s.procs {
+		if raw, err := os.ReadFile(p.logPath); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, p.name+".log"), raw, 0o644)
+		}
+	}
+	if raw, err := os.ReadFile(filepath.Join(s.dk.dir, "dockerd.log")); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "dockerd.log"), raw, 0o644)
+	}
+	files := st.Files
+	st.Files = nil // their checks are funcs
+	dump, _ := json.MarshalIndent(map[string]any{"seed": s.seed, "applied": s.applied, "violations": Report(vs), "state": st, "files": len(files)}, "", " ")
+	_ = os.WriteFile(filepath.Join(dir, "state.json"), dump, 0o644)
+	s.t.Logf("the run's logs and state are in %s", dir)
 }

@@ -123,6 +123,9 @@ type State struct {
 	Containers    []Container
 	Processes     []Process
 	ContainersErr error
+	// Orgs each got a job after LastFault, the end of the last fault.
+	Orgs      []string
+	LastFault time.Time
 }
 
 // Violation is one broken invariant: which, about what (a job, a lease, an org, a file),
@@ -166,6 +169,7 @@ var Invariants = []Invariant{
 	{"no orphaned container or process", CheckOrphans},
 	{"no subagent message lost or processed twice", CheckMessages},
 	{"every operator action recorded", CheckOperatorActions},
+	{"work goes on after the faults", CheckProgress},
 }
 
 // CheckAll runs every invariant, each violation named by its invariant.
@@ -286,12 +290,25 @@ func CheckOneRunPerOrg(s State) []Violation {
 			prev := as[i-1]
 			if as[i].ClaimedAt.Before(end(prev)) {
 				out = append(out, Violation{Subject: "org " + org, At: as[i].ClaimedAt,
-					Detail: fmt.Sprintf("claim_attempts: job %s attempt %d (%s) began before job %s attempt %d (%s) ended",
-						as[i].JobID, as[i].Attempt, as[i].Instance, prev.JobID, prev.Attempt, prev.Instance)})
+					Detail: fmt.Sprintf("claim_attempts: job %s attempt %d (%s, %s) began at %s, before job %s attempt %d (%s, claimed %s, %s) ended at %s",
+						as[i].JobID, as[i].Attempt, as[i].Instance, as[i].Kind, stamp(as[i].ClaimedAt),
+						prev.JobID, prev.Attempt, prev.Instance, stamp(prev.ClaimedAt), outcomeOf(prev), stamp(end(prev)))})
 			}
 		}
 	}
 	return out
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+
+func outcomeOf(a Attempt) string {
+	if a.Outcome == "" {
+		return "no outcome recorded"
+	}
+	if a.Reason == "" {
+		return a.Outcome
+	}
+	return a.Outcome + ": " + a.Reason
 }
 
 func pastTense(kind string) string {
@@ -535,6 +552,26 @@ func CheckOperatorActions(s State) []Violation {
 		}
 		if !found {
 			out = append(out, Violation{Subject: subject, At: a.At, Detail: "no record of it"})
+		}
+	}
+	return out
+}
+
+// CheckProgress: every org completed a job after the last fault ended (each was given one),
+// so no fault left an org unable to work: a home still full, a lease never freed, a
+// backoff never ending.
+func CheckProgress(s State) []Violation {
+	var out []Violation
+	for _, org := range s.Orgs {
+		ok := false
+		for _, e := range s.JobEvents {
+			if e.Org == org && e.Kind == "complete" && e.At.After(s.LastFault) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			out = append(out, Violation{Subject: "org " + org, Detail: "completed no job after the last fault ended", At: s.LastFault})
 		}
 	}
 	return out

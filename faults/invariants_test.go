@@ -73,6 +73,8 @@ func goodHistory() State {
 		OpEvents:   []OperatorEvent{{Operator: "ann", Kind: "login", Actor: "ann", At: at(1)}},
 		Files:      []File{{Path: "/h/SOUL.md", Want: []byte("soul"), Got: []byte("soul")}},
 		Containers: []Container{{Name: "hermes-org-acme", State: "running", Instance: "a", Role: "worker"}},
+		Orgs:       []string{"acme", "globex"},
+		LastFault:  at(4),
 	}
 }
 
@@ -227,4 +229,11 @@ func TestAScheduleIsItsSeeds(t *testing.T) {
 	if len(seen) != len(AllKinds) {
 		t.Fatalf("a two-minute schedule covers %d of %d kinds: %v", len(seen), len(AllKinds), a)
 	}
+}
+
+func TestProgress(t *testing.T) {
+	s := goodHistory()
+	s.LastFault = at(5) // both orgs' last completes are at 5s, not after
+	s.JobEvents = append(s.JobEvents, ev(20, "j9", "acme", "claim", 1, 6), ev(21, "j9", "acme", "complete", 1, 7))
+	wantViolations(t, CheckProgress(s), 1, "org globex", "no job after the last fault")
 }
