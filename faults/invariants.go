@@ -170,6 +170,7 @@ var Invariants = []Invariant{
 	{"no subagent message lost or processed twice", CheckMessages},
 	{"every operator action recorded", CheckOperatorActions},
 	{"work goes on after the faults", CheckProgress},
+	{"the host's record of attempts agrees with the backend's log", CheckHostRecord},
 }
 
 // CheckAll runs every invariant, each violation named by its invariant.
@@ -239,8 +240,7 @@ func CheckJobsEnded(s State) []Violation {
 // CheckOneRunPerOrg replays the backend's log in commit order: a claim or re-claim opens a
 // run of its job, a complete, fail or release closes it, and a re-claim also takes
 // over the run of its own job. No org may have two runs open. The host's claim_attempts
-// say the same: per org, the claim-to-outcome intervals are disjoint (an attempt without
-// an outcome ends where its job's next attempt began).
+// say the same: per org, the claim-to-outcome intervals are disjoint.
 func CheckOneRunPerOrg(s State) []Violation {
 	var out []Violation
 	open := map[string]string{} // org -> job with a run open
@@ -265,20 +265,36 @@ func CheckOneRunPerOrg(s State) []Violation {
 		}
 		next[a.JobID][a.Attempt] = a.ClaimedAt
 	}
-	end := func(a Attempt) time.Time {
-		if !a.FinishedAt.IsZero() {
-			return a.FinishedAt
+	// A run's end in the backend's log: the close of its attempt.
+	closed := map[string]map[int]time.Time{}
+	for _, e := range s.JobEvents {
+		if slices.Contains(runCloses, e.Kind) {
+			if closed[e.JobID] == nil {
+				closed[e.JobID] = map[int]time.Time{}
+			}
+			closed[e.JobID][e.Attempt] = e.At
 		}
-		var first time.Time
-		for n, at := range next[a.JobID] {
-			if n > a.Attempt && (first.IsZero() || at.Before(first)) {
-				first = at
+	}
+	// An attempt ends at its outcome or, without one (CheckHostRecord reports that), where
+	// the backend closed its run; and at the latest where its job's next attempt began: a
+	// re-claim takes a stale run over, revoking its token (a paused dispatcher may record
+	// the outcome of the run it lost later than that).
+	end := func(a Attempt) time.Time {
+		e := a.FinishedAt
+		if e.IsZero() {
+			if at, ok := closed[a.JobID][a.Attempt]; ok {
+				e = at
 			}
 		}
-		if first.IsZero() {
+		for n, at := range next[a.JobID] {
+			if n > a.Attempt && (e.IsZero() || at.Before(e)) {
+				e = at
+			}
+		}
+		if e.IsZero() {
 			return time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 		}
-		return first
+		return e
 	}
 	byOrg := map[string][]Attempt{}
 	for _, a := range s.Attempts {
@@ -575,4 +591,62 @@ func CheckProgress(s State) []Violation {
 		}
 	}
 	return out
+}
+
+// CheckHostRecord: once every process stopped cleanly, the host's claim_attempts agree with
+// the backend's log: every run the backend opened (a claim or re-claim) has its row, and
+// every row has an outcome; an attempt the backend completed is recorded completed, and
+// one recorded completed was completed at the backend.
+func CheckHostRecord(s State) []Violation {
+	var out []Violation
+	type key struct {
+		job     string
+		attempt int
+	}
+	opened := map[key]JobEvent{}
+	completed := map[key]bool{}
+	for _, e := range s.JobEvents {
+		switch {
+		case slices.Contains(runOpens, e.Kind):
+			opened[key{e.JobID, e.Attempt}] = e
+		case e.Kind == "complete":
+			completed[key{e.JobID, e.Attempt}] = true
+		}
+	}
+	rows := map[key]Attempt{}
+	for _, a := range s.Attempts {
+		k := key{a.JobID, a.Attempt}
+		rows[k] = a
+		subject := fmt.Sprintf("job %s of %s attempt %d (%s)", a.JobID, a.Org, a.Attempt, a.Instance)
+		switch {
+		case a.Outcome == "":
+			out = append(out, Violation{Subject: subject, At: a.ClaimedAt, Detail: fmt.Sprintf("claimed at %s, no outcome recorded (the backend's log: %s)",
+				stamp(a.ClaimedAt), runLog(s.JobEvents, a.JobID, a.Attempt))})
+		case completed[k] != (a.Outcome == "completed"):
+			out = append(out, Violation{Subject: subject, At: a.FinishedAt, Detail: fmt.Sprintf("recorded %s, the backend's log: %s",
+				outcomeOf(a), runLog(s.JobEvents, a.JobID, a.Attempt))})
+		}
+	}
+	for k, e := range opened {
+		if _, ok := rows[k]; !ok {
+			out = append(out, Violation{Subject: fmt.Sprintf("job %s of %s attempt %d", k.job, e.Org, k.attempt), At: e.At,
+				Detail: e.Kind + " in the backend's log, no claim_attempts row"})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out
+}
+
+// runLog is the kinds of a job's events at one attempt, with their times.
+func runLog(events []JobEvent, job string, attempt int) string {
+	var parts []string
+	for _, e := range events {
+		if e.JobID == job && e.Attempt == attempt && e.Kind != "progress" && e.Kind != "proposal" {
+			parts = append(parts, e.Kind+"@"+stamp(e.At))
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " ")
 }

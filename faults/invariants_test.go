@@ -50,9 +50,12 @@ func goodHistory() State {
 		},
 		Attempts: []Attempt{
 			{ID: 1, JobID: "j1", Org: "acme", Attempt: 1, ClaimedAt: at(1), FinishedAt: at(3), Outcome: "crashed"},
-			{ID: 2, JobID: "j1", Org: "acme", Attempt: 2, ClaimedAt: at(4), FinishedAt: at(5), Outcome: "completed"},
-			{ID: 3, JobID: "j2", Org: "acme", Attempt: 1, ClaimedAt: at(6)}, // its dispatcher died: ends at attempt 2
-			{ID: 4, JobID: "j2", Org: "acme", Attempt: 2, ClaimedAt: at(8), FinishedAt: at(9)},
+			{ID: 2, JobID: "j3", Org: "globex", Attempt: 1, ClaimedAt: at(1), FinishedAt: at(5), Outcome: "completed"},
+			{ID: 3, JobID: "j1", Org: "acme", Attempt: 2, ClaimedAt: at(4), FinishedAt: at(5), Outcome: "completed"},
+			{ID: 4, JobID: "j2", Org: "acme", Attempt: 1, ClaimedAt: at(6), FinishedAt: at(8), Outcome: "crashed", Reason: "re-claimed as stale"},
+			{ID: 5, JobID: "j2", Org: "acme", Attempt: 2, ClaimedAt: at(8), FinishedAt: at(10), Outcome: "crashed"},
+			{ID: 6, JobID: "j2", Org: "acme", Attempt: 3, ClaimedAt: at(10), FinishedAt: at(12), Outcome: "crashed"},
+			{ID: 7, JobID: "j2", Org: "acme", Attempt: 4, ClaimedAt: at(12), FinishedAt: at(12), Outcome: "failed"},
 		},
 		LeaseEvents: []LeaseEvent{
 			{ID: 1, Key: "home:acme", Kind: "acquire", Holder: "a", Epoch: 1, At: at(1)},
@@ -110,9 +113,20 @@ func TestOneRunPerOrg(t *testing.T) {
 	wantViolations(t, CheckOneRunPerOrg(s), 1, "org acme", "j4 claimed", "while job j1")
 
 	s = goodHistory()
-	// The host's record: j2's attempt 2 claimed before attempt 1 of j1... ended.
-	s.Attempts = append(s.Attempts, Attempt{ID: 5, JobID: "j9", Org: "acme", Attempt: 1, ClaimedAt: at(8).Add(500 * time.Millisecond), FinishedAt: at(11)})
+	// The host's record: j9 claimed while j2's attempt 2 ran.
+	s.Attempts = append(s.Attempts, Attempt{ID: 8, JobID: "j9", Org: "acme", Attempt: 1, ClaimedAt: at(8).Add(500 * time.Millisecond), FinishedAt: at(9)})
 	wantViolations(t, CheckOneRunPerOrg(s), 1, "org acme", "claim_attempts", "j9")
+
+	s = goodHistory()
+	// An attempt without an outcome ends where the backend closed its run: no overlap.
+	s.Attempts[2].FinishedAt, s.Attempts[2].Outcome = time.Time{}, ""
+	wantViolations(t, CheckOneRunPerOrg(s), 0)
+
+	s = goodHistory()
+	// A paused dispatcher records the outcome of the run a re-claim took over late: the
+	// re-claim ended it.
+	s.Attempts[4].FinishedAt = at(11)
+	wantViolations(t, CheckOneRunPerOrg(s), 0)
 }
 
 func TestLeases(t *testing.T) {
@@ -236,4 +250,18 @@ func TestProgress(t *testing.T) {
 	s.LastFault = at(5) // both orgs' last completes are at 5s, not after
 	s.JobEvents = append(s.JobEvents, ev(20, "j9", "acme", "claim", 1, 6), ev(21, "j9", "acme", "complete", 1, 7))
 	wantViolations(t, CheckProgress(s), 1, "org globex", "no job after the last fault")
+}
+
+func TestHostRecord(t *testing.T) {
+	s := goodHistory()
+	s.Attempts[2].FinishedAt, s.Attempts[2].Outcome = time.Time{}, "" // its outcome write was lost
+	wantViolations(t, CheckHostRecord(s), 1, "j1", "attempt 2", "no outcome recorded", "complete@")
+
+	s = goodHistory()
+	s.Attempts[1].Outcome = "crashed" // the backend completed it
+	wantViolations(t, CheckHostRecord(s), 1, "j3", "recorded crashed")
+
+	s = goodHistory()
+	s.Attempts = s.Attempts[1:] // j1's first claim never recorded
+	wantViolations(t, CheckHostRecord(s), 1, "j1", "attempt 1", "no claim_attempts row")
 }
