@@ -65,12 +65,20 @@ func (d *Dispatcher) start(ctx context.Context, dl *delivery, claim *sartiq.Clai
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		defer d.giveBack(claim.OrganizationID, dl)
-		defer dl.cancel()
-		defer dl.askToStop()
-		kept := d.leases.Keep(dl.ctx, dl.home, d.cfg.LeaseTTL)
-		d.deliver(kept.Context(), dl, claim, kept, claimed)
-		dl.home = kept.Stop()
+		requeued := func() bool {
+			defer d.giveBack(claim.OrganizationID, dl)
+			defer dl.cancel()
+			defer dl.askToStop()
+			kept := d.leases.Keep(dl.ctx, dl.home, d.cfg.LeaseTTL)
+			requeued := d.deliver(kept.Context(), dl, claim, kept, claimed)
+			dl.home = kept.Stop()
+			return requeued
+		}()
+		if requeued {
+			// Its org's slot and home lease are given back: the next cycle, asked for
+			// now rather than at the next tick, claims the job again.
+			d.kick()
+		}
 	}()
 }
 
@@ -103,12 +111,19 @@ UPDATE claim_attempts SET outcome = 'crashed', reason = 're-claimed as stale', f
 }
 
 // deliver runs the job and records its outcome. ctx ends when the home lease is lost or
-// the dispatcher stops hard.
-func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) {
+// the dispatcher stops hard. A run that ended without an outcome is ended at once
+// (endCrashed); requeued says its job went back to the queue.
+func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) (requeued bool) {
 	log := d.cfg.Log.With("job", c.Job.ID, "org", c.OrganizationID)
 	outcome, reason, result := d.run(ctx, dl, c, kept, claimed, log)
 	if cause := context.Cause(ctx); errors.Is(cause, lease.ErrLost) && outcome != "completed" && outcome != "failed" {
 		reason = cause.Error()
+	}
+	status, jobReason := mirrorStatus(outcome), reason
+	// A run the dispatcher killed as it stopped hard is left to go stale, as the shutdown
+	// says; any other crash is ended now, while this dispatcher still holds the token.
+	if outcome == "crashed" && d.hard.Err() == nil {
+		status, jobReason, requeued = d.endCrashed(c, reason, log)
 	}
 	rec, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -117,7 +132,7 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 			c.Job.ID, c.Job.Attempt, outcome, reason); err != nil {
 			return err
 		}
-		return d.mirror.Finished(rec, tx, c.Job.ID, mirrorStatus(outcome), reason, result)
+		return d.mirror.Finished(rec, tx, c.Job.ID, status, jobReason, result)
 	}); err != nil {
 		log.Error("record outcome", "err", err)
 	}
@@ -133,6 +148,7 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 	}
 	d.metrics.outcomes.WithLabelValues(outcome).Inc()
 	log.Info("job outcome", "outcome", outcome, "reason", reason, "attempt", c.Job.Attempt)
+	return requeued
 }
 
 // mirrorStatus is the backend status a worker outcome leaves the job in.
@@ -145,7 +161,8 @@ func mirrorStatus(outcome string) string {
 	case "released", "taken_away":
 		return sartiq.StatusQueued
 	}
-	// crashed or unreported: still RUNNING at the backend until recovery re-claims it.
+	// crashed or unreported: still RUNNING at the backend until recovery re-claims it
+	// (a crash the dispatcher ends at once says what it left instead: endCrashed).
 	return sartiq.StatusRunning
 }
 

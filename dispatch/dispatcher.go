@@ -130,6 +130,10 @@ type Dispatcher struct {
 	dash     dashboardsHere
 	stopping bool
 
+	// wake asks Run for a cycle before the next tick (a crashed attempt's job was queued
+	// again); one pending request is enough.
+	wake chan struct{}
+
 	// hard ends every delivery at once: the last step of a shutdown.
 	hard     context.Context
 	hardStop context.CancelFunc
@@ -207,7 +211,16 @@ func New(cfg Config) *Dispatcher {
 		inFlight: map[string]*delivery{},
 		backoff:  map[string]backoff{},
 		dash:     newDashboardsHere(),
+		wake:     make(chan struct{}, 1),
 		hard:     hard, hardStop: hardStop,
+	}
+}
+
+// kick asks Run for its next cycle now.
+func (d *Dispatcher) kick() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -327,7 +327,7 @@ func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
 	if st := f.statuses(t); st[sartiq.StatusFailed] != 2 || st[sartiq.StatusCompleted] != 2 {
 		t.Fatalf("want acme's two jobs failed and globex's two completed: %v", st)
 	}
-	rows, err := f.db.Query(ctx, `SELECT job_id, count(*) FILTER (WHERE outcome = 'crashed'), count(*), max(reason) FILTER (WHERE outcome = 'failed')
+	rows, err := f.db.Query(ctx, `SELECT job_id, count(*) FILTER (WHERE outcome = 'crashed'), count(*), coalesce(max(reason) FILTER (WHERE outcome = 'failed'), '')
 		FROM claim_attempts WHERE org = 'acme' GROUP BY job_id`)
 	if err != nil {
 		t.Fatal(err)
@@ -341,15 +341,31 @@ func TestCrashingAgentFailsAfterExactlyMaxAttemptsAcrossRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 		jobs++
-		if crashed != 3 || claims != 4 || !strings.Contains(reason, "3 crashed attempts") {
-			t.Errorf("job %s: %d crashed runs in %d claims, reason %q; want exactly MAX_ATTEMPTS=3 runs, then a re-claim that fails it", job, crashed, claims, reason)
+		// Each crash was ended at once by the dispatcher that ran it (released, or failed at
+		// the cap): exactly MAX_ATTEMPTS runs, no re-claim.
+		if crashed != 3 || claims != 3 || reason != "" {
+			t.Errorf("job %s: %d crashed runs in %d claims, a failed attempt %q; want exactly MAX_ATTEMPTS=3 runs, each crashed", job, crashed, claims, reason)
 		}
 		var backendErr string
-		if err := f.backend.DB.QueryRow(ctx, `SELECT error FROM agent_jobs WHERE id = $1`, job).Scan(&backendErr); err != nil || !strings.Contains(backendErr, "MAX_ATTEMPTS=3") {
+		if err := f.backend.DB.QueryRow(ctx, `SELECT error FROM agent_jobs WHERE id = $1`, job).Scan(&backendErr); err != nil ||
+			!strings.HasPrefix(backendErr, "gave up after 3 crashed attempts (MAX_ATTEMPTS=3)") {
 			t.Errorf("job %s at the backend: %q %v", job, backendErr, err)
+		}
+		if m := f.mirrorStatus(t, job); m != sartiq.StatusFailed {
+			t.Errorf("job %s in the mirror: %s, want FAILED", job, m)
 		}
 	}
 	if jobs != 2 {
 		t.Fatalf("%d acme jobs in claim_attempts", jobs)
 	}
+}
+
+// mirrorStatus is the job's status in the host's job mirror.
+func (f *fixture) mirrorStatus(t *testing.T, job string) string {
+	t.Helper()
+	var st string
+	if err := f.db.QueryRow(context.Background(), `SELECT status FROM mirror_jobs WHERE job_id = $1`, job).Scan(&st); err != nil {
+		t.Fatalf("mirror of job %s: %v", job, err)
+	}
+	return st
 }

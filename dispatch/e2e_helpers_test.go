@@ -301,7 +301,7 @@ func runKinds(t *testing.T, f *fixture, job string) []string {
 	var kinds []string
 	for _, e := range events {
 		switch e.Kind {
-		case sartiq.EventClaim, sartiq.EventReclaim, sartiq.EventComplete, sartiq.EventFail, sartiq.EventRelease:
+		case sartiq.EventClaim, sartiq.EventReclaim, sartiq.EventCrash, sartiq.EventComplete, sartiq.EventFail, sartiq.EventRelease:
 			kinds = append(kinds, fmt.Sprintf("%s@%d", e.Kind, e.Attempt))
 		}
 	}
@@ -310,10 +310,11 @@ func runKinds(t *testing.T, f *fixture, job string) []string {
 
 // killMidJob is the crash scenario every runtime must survive. acme's first job stalls in
 // its agent; once the job is RUNNING there, kill kills the worker with SIGKILL. The
-// delivery must end with attempt 1 recorded crashed and the home lease given back; the
-// job is not re-claimed while its heartbeats are fresh, and once the backend's clock has
-// passed STALE_AFTER the next cycles re-claim it and it completes, with everything else.
-// It returns attempt 1's reason.
+// dispatcher, alive and holding the job token, must end attempt 1 at once: recorded
+// crashed, a crash event in the backend's log, the job released to the queue and the home
+// lease given back, all without the backend's clock moving (the job never goes stale). The
+// next cycle claims the job again and it completes, with everything else; the crash is
+// counted once. It returns attempt 1's reason.
 func killMidJob(t *testing.T, f *fixture, kill func(t *testing.T)) string {
 	t.Helper()
 	f.cfg.ClaimEnabled = true
@@ -338,6 +339,7 @@ func killMidJob(t *testing.T, f *fixture, kill func(t *testing.T)) string {
 	if st := jobStatus(t, f, job); st != sartiq.StatusRunning {
 		t.Fatalf("the stalled job is %s at the backend, want RUNNING", st)
 	}
+	writeKnobs(t, f, "acme", nil) // the agent read its knobs as it started; the next attempt runs through
 
 	kill(t)
 
@@ -350,43 +352,50 @@ func killMidJob(t *testing.T, f *fixture, kill func(t *testing.T)) string {
 		t.Fatalf("attempt 1 after the kill: %+v, want a claim that crashed", first)
 	}
 	// Promptly, not when its TTL runs out: a lease kept past the crash would hold the
-	// re-claim off (or, refreshed by a leaked keeper, forever).
+	// next claim off (or, refreshed by a leaked keeper, forever).
 	waitFor(t, 5*time.Second, "the home lease to be given back", func() bool {
 		var free bool
 		err := f.db.QueryRow(ctx, `SELECT holder IS NULL FROM leases WHERE key = 'home:acme'`).Scan(&free)
 		return err == nil && free
 	})
-	writeKnobs(t, f, "acme", nil)
-
-	// Its last heartbeat is fresh: the job is left alone (globex's next job starts).
-	if _, err := d.Cycle(ctx); err != nil {
-		t.Fatal(err)
+	// Ended at once: queued again with the crash counted, while its last heartbeat is
+	// still fresh (the backend's clock has not moved).
+	if kinds := runKinds(t, f, job); !slices.Equal(kinds, []string{"claim@1", "crash@1", "release@1"}) || jobStatus(t, f, job) != sartiq.StatusQueued {
+		t.Fatalf("after the kill the job's log reads %v, status %s; want claim@1 crash@1 release@1, QUEUED", kinds, jobStatus(t, f, job))
 	}
+	if m := f.mirrorStatus(t, job); m != sartiq.StatusQueued {
+		t.Errorf("the mirror shows the crashed job %s, want QUEUED", m)
+	}
+
+	// The very next cycle claims it again (once the delivery has given back the org's slot).
 	d.Wait()
-	if kinds := runKinds(t, f, job); !slices.Equal(kinds, []string{"claim@1"}) || jobStatus(t, f, job) != sartiq.StatusRunning {
-		t.Fatalf("before STALE_AFTER passed the job's log reads %v, status %s; want one claim, still RUNNING", kinds, jobStatus(t, f, job))
-	}
-
-	f.backend.Clock.Advance(f.backend.Config.StaleAfter + time.Second)
 	if _, err := d.Cycle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if kinds := runKinds(t, f, job); !slices.Contains(kinds, "reclaim@2") {
-		t.Fatalf("the first cycle past STALE_AFTER did not re-claim the job: its log reads %v\n%s", kinds, f.logs.String())
+	if kinds := runKinds(t, f, job); !slices.Contains(kinds, "claim@2") {
+		t.Fatalf("the next cycle did not claim the crashed job again: its log reads %v\n%s", kinds, f.logs.String())
 	}
 	cycleUntilDone(t, f, d, 40*time.Second)
 
-	checkDemoJobsDone(t, f, 4, 1)
-	if kinds := runKinds(t, f, job); !slices.Equal(kinds, []string{"claim@1", "reclaim@2", "complete@2"}) {
-		t.Errorf("the killed job's log reads %v, want claim@1 reclaim@2 complete@2", kinds)
+	checkDemoJobsDone(t, f, 5, 0)
+	if kinds := runKinds(t, f, job); !slices.Equal(kinds, []string{"claim@1", "crash@1", "release@1", "claim@2", "complete@2"}) {
+		t.Errorf("the killed job's log reads %v, want claim@1 crash@1 release@1 claim@2 complete@2", kinds)
+	}
+	events, err := f.cfg.Bot.ListEvents(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := dispatch.CrashedAttempts(events, 2) - 1; n != 1 {
+		t.Errorf("the backend's log counts %d crashed attempts before the last, want 1", n)
 	}
 	got := attemptsOf(t, f, job)
-	if len(got) != 2 || got[0].Outcome != "crashed" || got[1] != (attempt{Attempt: 2, Kind: "reclaim", Outcome: "completed"}) {
-		t.Errorf("claim_attempts of the killed job: %+v, want attempt 1 crashed and attempt 2 re-claimed and completed", got)
+	if len(got) != 2 || got[0].Outcome != "crashed" || got[1] != (attempt{Attempt: 2, Kind: "claim", Outcome: "completed"}) {
+		t.Errorf("claim_attempts of the killed job: %+v, want attempt 1 crashed and attempt 2 claimed and completed", got)
 	}
 	logs := f.logs.String()
-	if !strings.Contains(logs, `"msg":"re-claimed a stale job"`) || strings.Contains(logs, "claim_attempts disagree") {
-		t.Errorf("the re-claim is not logged, or the host's attempts disagree with the backend's log:\n%s", logs)
+	if !strings.Contains(logs, `"msg":"attempt crashed: the job is queued again"`) || strings.Contains(logs, "claim_attempts disagree") ||
+		strings.Contains(logs, "re-claimed a stale job") {
+		t.Errorf("the crash is not logged, the host's attempts disagree with the backend's log, or the job was re-claimed as stale:\n%s", logs)
 	}
 	return first.Reason
 }

@@ -2,14 +2,20 @@ package dispatch_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
+	"hermeshost/sartiq"
+	"hermeshost/scriptedagent"
 )
 
 // On the process runtime a worker is the org's long-lived unit process with each job's
@@ -109,4 +115,64 @@ func descendsFromTest(pid int, ppid string) bool {
 		ppid = fields[1]
 	}
 	return false
+}
+
+// A worker killed mid-job while its dispatcher lives, at the product's default timings
+// (poll 5s, STALE_AFTER 45s, heartbeat 10s): the dispatcher ends the attempt as soon as the
+// run ends and its job is claimed again within one poll interval, long before it could go
+// stale, and the crash is counted once.
+func TestAKilledWorkersJobRunsAgainWithinOnePollWhileItsDispatcherLives(t *testing.T) {
+	f := newFixture(t, true)
+	f.backend.Clock.Follow()
+	f.cfg.ClaimEnabled = true
+	f.cfg.WorkerEnv = []string{"HERMES_BIN=scripted-agent"} // the default heartbeat
+	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
+	d := f.dispatcher(t)
+	opts := dispatch.RunOptions{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Run(ctx, opts)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	const poll = 5 * time.Second // RunOptions' default
+	if stale := f.backend.Config.StaleAfter; stale < 9*poll {
+		t.Fatalf("the backend's STALE_AFTER is %s, not the default", stale)
+	}
+	var job string
+	waitFor(t, 30*time.Second, "acme's agent to start", func() bool {
+		err := f.db.QueryRow(ctx, `SELECT e.job_id FROM mirror_job_events e JOIN mirror_jobs j USING (job_id) WHERE j.org = 'acme' AND e.attempt = 1 AND e.kind = 'agent_start'`).Scan(&job)
+		return err == nil
+	})
+	writeKnobs(t, f, "acme", nil)
+	unit := workerUnit(t, f.cfg.Runtime, "acme")
+	pid, err := strconv.Atoi(unit.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var claimedAgain time.Time
+	waitFor(t, 2*poll, "the job to be claimed again", func() bool {
+		err := f.backend.DB.QueryRow(ctx, `SELECT at FROM agent_job_events WHERE job_id = $1 AND attempt = 2 AND kind = 'claim'`, job).Scan(&claimedAgain)
+		return err == nil
+	})
+	if took := claimedAgain.Sub(killed); took > poll {
+		t.Errorf("claimed again %s after the kill, want within one poll interval (%s)", took, poll)
+	}
+	waitFor(t, time.Minute, "the demo jobs to complete", func() bool {
+		return f.statuses(t)[sartiq.StatusCompleted] == 4
+	})
+	if kinds := runKinds(t, f, job); !slices.Equal(kinds, []string{"claim@1", "crash@1", "release@1", "claim@2", "complete@2"}) {
+		t.Errorf("the killed job's log reads %v, want claim@1 crash@1 release@1 claim@2 complete@2", kinds)
+	}
+	if got := attemptsOf(t, f, job); len(got) != 2 || got[0].Outcome != "crashed" || got[1].Outcome != "completed" {
+		t.Errorf("claim_attempts of the killed job: %+v, want one crash, then completed", got)
+	}
 }

@@ -14,6 +14,8 @@ type metrics struct {
 	skillsDisabled  prometheus.Counter
 	outputDropped   *prometheus.CounterVec
 	wrongOrg        prometheus.Counter
+	crashesEnded    *prometheus.CounterVec
+	gaveUp          prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,9 +43,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"what"}),
 		wrongOrg: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_wrong_org_claims_total",
 			Help: "Claims the backend answered for another organization than the one reserved, released unrun."}),
+		crashesEnded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_crashed_attempts_ended_total",
+			Help: "Runs that ended without an outcome (worker or container died, OOM, broken exec stream) whose attempt the dispatcher ended at once, by what became of the job: released (queued to run again) or failed (at MAX_ATTEMPTS)."},
+			[]string{"job"}),
+		gaveUp: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_attempts_exhausted_total",
+			Help: "Jobs failed for good because their crashed attempts reached MAX_ATTEMPTS."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg)
+		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg,
+			m.crashesEnded, m.gaveUp)
 	}
 	return m
 }

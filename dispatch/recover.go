@@ -3,24 +3,33 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"hermeshost/sartiq"
 )
 
-// CrashedAttempts counts, from a stale job's event log in the backend, the runs that ended
-// in a crash: each re-claim ended the attempt before it, and the stale attempt itself
-// crashed too. Clean releases (a shutdown, a wrong org) are not re-claims and do not count;
-// a failure is terminal and is never re-claimed.
-func CrashedAttempts(events []sartiq.Event) int {
-	crashed := 1
+// CrashedAttempts counts, from a job's event log in the backend, the runs that ended in a
+// crash, attempt (the run ending now: a stale one being re-claimed, or one that just ended
+// without an outcome) included. A re-claim says the attempt before it crashed (it went
+// stale); a crash event, the attempt it was written under (the dispatcher ended it at once).
+// An attempt is counted once whichever said so: one whose crash event was written but whose
+// release was not went stale and was re-claimed too. Clean releases (a shutdown, a wrong
+// org, a busy home) are not crashes; a failure is terminal and is never run again.
+func CrashedAttempts(events []sartiq.Event, attempt int) int {
+	crashed := map[int]bool{attempt: true}
 	for _, e := range events {
-		if e.Kind == sartiq.EventReclaim {
-			crashed++
+		switch e.Kind {
+		case sartiq.EventReclaim:
+			crashed[e.Attempt-1] = true
+		case sartiq.EventCrash:
+			crashed[e.Attempt] = true
 		}
 	}
-	return crashed
+	return len(crashed)
 }
 
 // recover re-claims org's stale job: its worker died without a word. The backend's event
@@ -37,7 +46,7 @@ func (d *Dispatcher) recover(ctx context.Context, org string, job sartiq.Job) (b
 		d.giveBack(org, dl)
 		return false, fmt.Errorf("attempts of job %s: %w", job.ID, err)
 	}
-	crashed := CrashedAttempts(events)
+	crashed := CrashedAttempts(events, job.Attempt)
 	d.checkAttempts(ctx, job, crashed)
 	c, err := d.cfg.Bot.Reclaim(ctx, job.ID)
 	if err != nil {
@@ -88,6 +97,69 @@ SELECT count(*) FROM claim_attempts
 	}
 }
 
+// endCrashed ends at once, with the job token the dispatcher still holds, an attempt whose
+// run ended without an outcome (the worker or its container died, ran out of memory, its
+// exec stream broke, or the worker reported a crash), instead of leaving the job to go
+// stale: a crash event counts the attempt in the backend's log, then the job is released to
+// the queue, and the next cycle claims it again. At the attempt cap it is failed with the
+// reason instead. Releasing revokes the token, so a run that only lost its stream can no
+// longer write to the backend (the runtime has also killed what the exec left), and the next
+// attempt runs under a new home: lease. When the token is void already (the job was
+// re-claimed as stale, or it ended after all) or the backend cannot be reached, the attempt
+// is left to the stale-heartbeat path, as when the dispatcher itself dies.
+//
+// The attempt is recorded crashed with its own reason either way; it returns the status the
+// job is left in at the backend and, when it was failed, the job's reason, for the mirror;
+// requeued says it went back to the queue.
+func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger) (status, jobReason string, requeued bool) {
+	status, jobReason = sartiq.StatusRunning, reason
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err != nil {
+		log.Error("end a crashed attempt", "err", err)
+		return
+	}
+	msg := clip(fmt.Sprintf("attempt %d ended without an outcome: %s", c.Job.Attempt, reason), 1000)
+	if _, err := api.AddEvent(ctx, c.Job.ID, sartiq.EventRequest{Kind: sartiq.EventCrash, Message: msg}); err != nil {
+		log.Warn("could not end the crashed attempt at once: it goes stale and is re-claimed", "err", err)
+		return
+	}
+	events, err := d.cfg.Bot.ListEvents(ctx, c.Job.ID)
+	if err != nil {
+		log.Warn("could not count the job's crashed attempts: it goes stale and is re-claimed", "err", err)
+		return
+	}
+	crashed := CrashedAttempts(events, c.Job.Attempt)
+	d.checkAttempts(ctx, c.Job, crashed)
+	if crashed >= d.cfg.MaxAttempts {
+		why := clip(fmt.Sprintf("gave up after %d crashed attempts (MAX_ATTEMPTS=%d); the last: %s", crashed, d.cfg.MaxAttempts, reason), 1000)
+		if _, err := api.Fail(ctx, c.Job.ID, why); err != nil {
+			log.Error("fail a job at its attempt cap: it goes stale, and recovery fails it", "err", err)
+			return
+		}
+		d.metrics.crashesEnded.WithLabelValues("failed").Inc()
+		d.metrics.gaveUp.Inc()
+		log.Warn("job failed for good", "reason", why)
+		return sartiq.StatusFailed, why, false
+	}
+	if _, err := api.Release(ctx, c.Job.ID, msg); err != nil {
+		log.Warn("could not release the crashed attempt's job: it goes stale and is re-claimed", "err", err)
+		return
+	}
+	d.metrics.crashesEnded.WithLabelValues("released").Inc()
+	log.Warn("attempt crashed: the job is queued again", "attempt", c.Job.Attempt, "crashed_attempts", crashed, "reason", reason)
+	return sartiq.StatusQueued, reason, true
+}
+
+// clip is s cut to at most n bytes, as valid UTF-8.
+func clip(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
 func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
 	reason := fmt.Sprintf("gave up after %d crashed attempts (MAX_ATTEMPTS=%d)", crashed, d.cfg.MaxAttempts)
 	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
@@ -99,6 +171,7 @@ func (d *Dispatcher) giveUp(ctx context.Context, c *sartiq.Claim, crashed int) {
 		return
 	}
 	d.metrics.outcomes.WithLabelValues("failed").Inc()
+	d.metrics.gaveUp.Inc()
 	if err := pgx.BeginFunc(ctx, d.cfg.DB, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE claim_attempts SET outcome = 'failed', reason = $3, finished_at = now() WHERE job_id = $1 AND attempt = $2`,
 			c.Job.ID, c.Job.Attempt, reason); err != nil {

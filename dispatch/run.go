@@ -63,6 +63,7 @@ func (d *Dispatcher) Run(ctx context.Context, o RunOptions) {
 			d.Shutdown(o.Grace, o.ReleaseWait)
 			return
 		case <-t.C:
+		case <-d.wake:
 		}
 	}
 }

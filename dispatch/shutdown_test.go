@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,24 +22,40 @@ import (
 	"hermeshost/scriptedagent"
 )
 
-func TestCrashedAttemptsCountReclaimsNotReleases(t *testing.T) {
+func TestCrashedAttemptsCountReclaimsAndCrashesNotReleases(t *testing.T) {
+	// ev is a log: each "kind@attempt" an event written under that attempt.
 	ev := func(kinds ...string) []sartiq.Event {
 		var out []sartiq.Event
 		for _, k := range kinds {
-			out = append(out, sartiq.Event{Kind: k})
+			kind, at, _ := strings.Cut(k, "@")
+			n, err := strconv.Atoi(at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, sartiq.Event{Kind: kind, Attempt: n})
 		}
 		return out
 	}
 	for _, c := range []struct {
-		events []sartiq.Event
-		want   int
+		events  []sartiq.Event
+		attempt int
+		want    int
 	}{
-		{ev("claim", "start"), 1},
-		{ev("claim", "start", "release", "claim", "start"), 1},
-		{ev("claim", "reclaim", "start", "release", "claim", "reclaim"), 3},
+		{ev("claim@1", "start@1"), 1, 1},
+		{ev("claim@1", "start@1", "release@1", "claim@2", "start@2"), 2, 1},
+		{ev("claim@1", "reclaim@2", "start@2", "release@2", "claim@3", "reclaim@4"), 4, 3},
+		// Ended at once by the dispatcher: a crash event, then a release.
+		{ev("claim@1", "start@1", "crash@1", "release@1", "claim@2", "start@2"), 2, 2},
+		// The crash was written, the release was not: the attempt went stale and was
+		// re-claimed, and is counted once.
+		{ev("claim@1", "start@1", "crash@1", "reclaim@2"), 2, 2},
+		// The crash event of the attempt being ended now is in the log already.
+		{ev("claim@1", "crash@1", "release@1", "claim@2", "crash@2"), 2, 2},
+		// A clean release between crashes counts nothing.
+		{ev("claim@1", "crash@1", "release@1", "claim@2", "release@2", "claim@3"), 3, 2},
 	} {
-		if got := dispatch.CrashedAttempts(c.events); got != c.want {
-			t.Errorf("CrashedAttempts(%v) = %d, want %d", c.events, got, c.want)
+		if got := dispatch.CrashedAttempts(c.events, c.attempt); got != c.want {
+			t.Errorf("CrashedAttempts(%v, %d) = %d, want %d", c.events, c.attempt, got, c.want)
 		}
 	}
 }

@@ -35,6 +35,13 @@ const (
 	EventProposal  = "proposal"
 )
 
+// EventCrash is written by the dispatcher, with the job token, when a run ended without an
+// outcome (its worker or container died, its exec stream broke) and it ends the attempt at
+// once; the attempt counts as crashed. Unlike the kinds above a job token may write it, so
+// the worker side could add one too, which brings only its own job nearer its attempt cap,
+// no more than the fail its token may call anyway.
+const EventCrash = "crash"
+
 // Job is one agent job as the backend reports it.
 type Job struct {
 	ID              string          `json:"id"`
