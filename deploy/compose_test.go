@@ -68,6 +68,7 @@ type composeService struct {
 	ReadOnly        bool              `yaml:"read_only"`
 	Tmpfs           []string          `yaml:"tmpfs"`
 	CapDrop         []string          `yaml:"cap_drop"`
+	CapAdd          []string          `yaml:"cap_add"`
 	SecurityOpt     []string          `yaml:"security_opt"`
 	User            string            `yaml:"user"`
 	Command         []string          `yaml:"command"`
@@ -240,21 +241,21 @@ func subcommand(cmd []string) []string {
 	return cmd
 }
 
-// volume is one short-syntax entry: source (a host path or a named volume), target, mode.
-type volume struct{ source, target, mode string }
+// volumeSpec is one short-syntax entry: source (a host path or a named volume), target, mode.
+type volumeSpec struct{ source, target, mode string }
 
-func parseVolume(s string) (volume, error) {
+func parseVolume(s string) (volumeSpec, error) {
 	parts := strings.Split(s, ":")
 	switch len(parts) {
 	case 2:
-		return volume{parts[0], parts[1], "rw"}, nil
+		return volumeSpec{parts[0], parts[1], "rw"}, nil
 	case 3:
 		if parts[2] != "ro" && parts[2] != "rw" {
-			return volume{}, fmt.Errorf("volume %q: mode %q", s, parts[2])
+			return volumeSpec{}, fmt.Errorf("volume %q: mode %q", s, parts[2])
 		}
-		return volume{parts[0], parts[1], parts[2]}, nil
+		return volumeSpec{parts[0], parts[1], parts[2]}, nil
 	}
-	return volume{}, fmt.Errorf("volume %q is not SOURCE:TARGET[:MODE]", s)
+	return volumeSpec{}, fmt.Errorf("volume %q is not SOURCE:TARGET[:MODE]", s)
 }
 
 // TestComposeFileStatically holds deploy/compose.yaml to what the host needs of it, with
@@ -289,6 +290,12 @@ func TestComposeFileStatically(t *testing.T) {
 			if strings.Contains(vol.source+vol.target, "docker.sock") && name != "dispatcher" {
 				t.Errorf("%s mounts the Docker socket (%s); only the dispatcher may", name, v)
 			}
+		}
+		if len(s.CapAdd) > 0 && name != "dispatcher" {
+			t.Errorf("%s adds capabilities %v; only the dispatcher may", name, s.CapAdd)
+		}
+		if name != "postgres" && (!s.ReadOnly || !slices.Equal(s.CapDrop, []string{"ALL"}) || !slices.Contains(s.SecurityOpt, "no-new-privileges:true")) {
+			t.Errorf("%s: the host's processes run on a read-only root, without capabilities, with no-new-privileges", name)
 		}
 		for dep, d := range s.DependsOn {
 			if _, ok := f.Services[dep]; !ok {
