@@ -30,6 +30,8 @@ var (
 		Usage: "the host's Postgres URL; add ?search_path=NAME to use a schema other than hermes_host"})
 	LogLevel = define(Var{Name: "LOG_LEVEL", Default: "info",
 		Usage: "debug, info, warn or error"})
+	LogFormat = define(Var{Name: "LOG_FORMAT", Default: "auto",
+		Usage: "json (one object per line), text (one readable line per record) or auto (text on a terminal, else json); a regular file always gets json"})
 	ShutdownGrace = define(Var{Name: "SHUTDOWN_GRACE", Default: "10s",
 		Usage: "how long a server waits for in-flight requests after SIGTERM"})
 	SartiqAPIURL = define(Var{Name: "SARTIQ_API_URL",

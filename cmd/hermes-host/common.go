@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"hermeshost/config"
+	"hermeshost/internal/logfmt"
 	"hermeshost/migrations"
 	"hermeshost/pg"
 	"hermeshost/service"
@@ -19,20 +20,37 @@ import (
 // startup builds the process logger and reads the environment through read; the first bad
 // value stops start-up with one line naming the variable.
 func startup(process string, read func(env *config.Env)) (*slog.Logger, error) {
+	log, _, err := startupWithRoot(process, read)
+	return log, err
+}
+
+// startupWithRoot is startup that also returns the handler under the logger, which has no
+// process attribute: dev logs its children's lines through it under their own names.
+//
+// The logger writes to stderr as LOG_FORMAT says (logfmt.New) and becomes slog's default,
+// so that what logs through slog.Default or the log package reads the same.
+func startupWithRoot(process string, read func(env *config.Env)) (*slog.Logger, slog.Handler, error) {
 	env := config.FromOS()
 	level, err := service.ParseLevel(env.String(config.LogLevel))
 	if err != nil {
-		return nil, &config.Error{Var: config.LogLevel.Name, Msg: err.Error()}
+		return nil, nil, &config.Error{Var: config.LogLevel.Name, Msg: err.Error()}
 	}
+	format := env.OneOf(config.LogFormat, logfmt.Formats...)
 	read(env)
 	if err := env.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return service.NewLogger(os.Stderr, level, process), nil
+	root, err := logfmt.New(os.Stderr, logfmt.Options{Level: level, Format: format})
+	if err != nil {
+		return nil, nil, &config.Error{Var: config.LogFormat.Name, Msg: err.Error()}
+	}
+	log := slog.New(root).With(logfmt.ProcessKey, process)
+	slog.SetDefault(log)
+	return log, root, nil
 }
 
 // serverEnv is what every server subcommand reads besides its own variables.
-var serverEnv = []config.Var{config.LogLevel, config.ShutdownGrace}
+var serverEnv = []config.Var{config.LogLevel, config.LogFormat, config.ShutdownGrace}
 
 // grace reads SHUTDOWN_GRACE.
 func grace(env *config.Env) time.Duration { return env.Duration(config.ShutdownGrace) }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"hermeshost/atomicfile"
 	"hermeshost/cli"
 	"hermeshost/config"
+	"hermeshost/internal/logfmt"
 	"hermeshost/migrations"
 	"hermeshost/operator"
 	"hermeshost/pg"
@@ -47,7 +50,7 @@ func devCommand() *cli.Command {
 				var bs backendSettings
 				var ds dispatcherSettings
 				var ls launcherSettings
-				log, err := startup("dev", func(e *config.Env) {
+				log, root, err := startupWithRoot("dev", func(e *config.Env) {
 					// Plain HTTP on localhost: the cookie cannot be Secure unless asked.
 					ls.secureCookie = false
 					if _, set := os.LookupEnv(config.SessionCookieSecure.Name); set {
@@ -72,6 +75,11 @@ func devCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
+				unitOutput, stopForwarding, err := forwardUnits(root)
+				if err != nil {
+					return err
+				}
+				defer stopForwarding()
 				if bs.cfg.BotToken == "" {
 					// Nothing outside this process needs it until an operator sets one.
 					bs.cfg.BotToken = service.Secret(rand.Text())
@@ -150,6 +158,7 @@ func devCommand() *cli.Command {
 				}
 				ds.controlAddr = *controlAddr
 				ds.stopUnits = true
+				ds.output = unitOutput
 				ds.gatewayURL, ds.gatewayKey, ds.gatewaySec = gatewayURL, gw.hostKey, gw.secret
 				if _, set := os.LookupEnv(config.HermesBin.Name); !set {
 					// Offline, the scripted agent built beside hermes-host plays Hermes.
@@ -163,6 +172,37 @@ func devCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// forwardUnits is the pipe dev's process units (workers, dashboards) print to: each line
+// they print is logged through root, dev's own handler, as a record of the unit's process
+// (logfmt.Forward; "unit" for a line that is not a record), so the terminal shows one
+// format and never a unit's raw JSON. The units share the pipe: a line of at most
+// PIPE_BUF (4096) bytes is written whole, and every record they log is one write. stop
+// closes dev's end and waits a moment for the units' last lines.
+func forwardUnits(root slog.Handler) (w *os.File, stop func(), err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("the units' output pipe: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := logfmt.Forward(r, root, "unit"); err != nil && !errors.Is(err, os.ErrClosed) {
+			slog.New(root).Error("forwarding the units' output", "process", "dev", "err", err)
+			// A unit must never block on a full pipe.
+			_, _ = io.Copy(io.Discard, r)
+		}
+	}()
+	return w, func() {
+		w.Close()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			// A unit's process that outlived it still holds the pipe.
+		}
+		r.Close()
+	}, nil
 }
 
 // demoPace is how the scripted agent plays the demo orgs' jobs unless their homes say

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -61,6 +62,8 @@ type dispatcherSettings struct {
 	// stopUnits removes the org containers on exit (dev: a local run leaves nothing
 	// behind); a production dispatcher leaves them for its next start to adopt.
 	stopUnits bool
+	// output receives what process units print (runtime.Config.Output); nil is stderr.
+	output io.Writer
 }
 
 var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config.SartiqBotToken, config.GatewayURL,
@@ -70,7 +73,7 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
 	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitNetwork, config.RunRoot,
-	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel}
+	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel, config.LogFormat}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.dbURL = e.Required(config.DatabaseURL)
@@ -209,7 +212,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: s.network, Services: services, RunRoot: s.runRoot, BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
 		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
-		Sandbox: runtime.Sandbox{Mode: s.sandbox},
+		Sandbox: runtime.Sandbox{Mode: s.sandbox}, Output: s.output,
 		InstanceLive: func(ctx context.Context, instance string) (bool, error) {
 			return instanceLive(ctx, leases, instance)
 		},

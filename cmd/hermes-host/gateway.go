@@ -149,7 +149,7 @@ func gatewayLoginCommand() *cli.Command {
 		Name:    "login",
 		Summary: "log the gateway in once: device code, or a refresh token read from stdin",
 		Env: []config.Var{config.GatewayAuthFile, config.GatewayOAuthTokenURL, config.GatewayOAuthDeviceURL,
-			config.GatewayOAuthClientID, config.GatewayOAuthScope, config.LogLevel},
+			config.GatewayOAuthClientID, config.GatewayOAuthScope, config.LogLevel, config.LogFormat},
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			authFile := fs.String("auth-file", "", "where to write the login (default $GATEWAY_AUTH_FILE)")
 			fromStdin := fs.Bool("refresh-token-stdin", false, "read a refresh token from stdin instead of the device-code flow (never pass it as an argument)")

@@ -18,7 +18,7 @@ func imagesCommand() *cli.Command {
 			Name:    "build",
 			Summary: "build both images on the local Docker engine from static binaries",
 			Args:    "BINARY...",
-			Env:     []config.Var{config.WorkerImage, config.DashboardImage, config.LogLevel},
+			Env:     []config.Var{config.WorkerImage, config.DashboardImage, config.LogLevel, config.LogFormat},
 			Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 				return func(ctx context.Context, binaries []string) error {
 					if len(binaries) == 0 {

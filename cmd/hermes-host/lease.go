@@ -27,7 +27,7 @@ func withLeases(ctx context.Context, act func(s *lease.Store) error) error {
 }
 
 func leaseCommand() *cli.Command {
-	env := []config.Var{config.DatabaseURL, config.LogLevel}
+	env := []config.Var{config.DatabaseURL, config.LogLevel, config.LogFormat}
 	return &cli.Command{
 		Name:    "lease",
 		Summary: "inspect turn leases and release a stuck one by force",

@@ -32,7 +32,7 @@ func setNames() string {
 }
 
 func migrateCommand() *cli.Command {
-	env := []config.Var{config.DatabaseURL, config.LogLevel}
+	env := []config.Var{config.DatabaseURL, config.LogLevel, config.LogFormat}
 	sub := func(name, summary string, act func(ctx context.Context, r *migrations.Runner) error) *cli.Command {
 		return &cli.Command{
 			Name: name, Summary: summary, Env: env,

@@ -28,7 +28,7 @@ func withOperators(ctx context.Context, act func(s *operator.Store) error) error
 }
 
 func operatorCommand() *cli.Command {
-	env := []config.Var{config.DatabaseURL, config.LogLevel}
+	env := []config.Var{config.DatabaseURL, config.LogLevel, config.LogFormat}
 	actorFlag := func(fs *flag.FlagSet) *string {
 		return fs.String("as", operatorName(), "who makes the change, recorded with it")
 	}

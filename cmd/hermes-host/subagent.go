@@ -38,7 +38,7 @@ func needOrg(org string) error {
 }
 
 func subagentCommand() *cli.Command {
-	env := []config.Var{config.DatabaseURL, config.LogLevel}
+	env := []config.Var{config.DatabaseURL, config.LogLevel, config.LogFormat}
 	return &cli.Command{
 		Name:    "subagent",
 		Summary: "list an org's subagents, show one with its mailbox, message or cancel a running one",

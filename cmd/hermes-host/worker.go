@@ -34,7 +34,7 @@ func workerCommand() *cli.Command {
 			{
 				Name:    "idle",
 				Summary: "the container's main process: wait for jobs to be executed beside it, until SIGTERM",
-				Env:     []config.Var{config.LogLevel},
+				Env:     []config.Var{config.LogLevel, config.LogFormat},
 				Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 					return func(ctx context.Context, args []string) error {
 						if len(args) > 0 {
@@ -87,7 +87,7 @@ func runJobCommand() *cli.Command {
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.HermesBundledSkills,
 			config.SkillsMaxAuthored, config.WorkspaceRetention,
-			config.WorkspaceKeep, config.ControlURL, config.ControlKey, config.LogLevel},
+			config.WorkspaceKeep, config.ControlURL, config.ControlKey, config.LogLevel, config.LogFormat},
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
