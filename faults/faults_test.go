@@ -146,7 +146,7 @@ func TestFaults(t *testing.T) {
 		t.Fatal("the fault suite needs root: it mounts tmpfs, runs initdb as the postgres user and runs a dockerd")
 	}
 	duration := settings(t)
-	plan := Plan(seed, duration, 4*time.Second, 9*time.Second, AllKinds)
+	plan := Plan(seed, duration, 3*time.Second, 6*time.Second, AllKinds)
 	for _, p := range plan {
 		t.Logf("planned: %s", p)
 	}
@@ -669,6 +669,8 @@ func (s *suite) inject(p Planned) {
 			s.t.Fatalf("dockerd did not start again: %v", err)
 		}
 		s.logf("dockerd is back")
+	case ForceRelease:
+		s.forceRelease(ctx, p.Target)
 	default:
 		s.t.Fatalf("unknown fault %s", p.Kind)
 	}
@@ -763,7 +765,11 @@ func (s *suite) stallAgent(ctx context.Context, org string) {
 	}
 	s.writeKnobs(org, false)
 	if stalled == "" {
-		s.logf("no agent of %s started within 30s to stall", org)
+		var jobs, holder string
+		_ = s.db.QueryRow(ctx, `SELECT coalesce(string_agg(status || ' ' || n, ', '), 'none') FROM (SELECT status, count(*) AS n FROM sartiq_backend.agent_jobs
+			WHERE organization_id = $1 GROUP BY status) x`, org).Scan(&jobs)
+		_ = s.db.QueryRow(ctx, `SELECT coalesce(max(holder), 'nobody') FROM hermes_host.leases WHERE key = 'home:' || $1`, org).Scan(&holder)
+		s.logf("no agent of %s started within 30s to stall (its jobs: %s; its home lease: %s)", org, jobs, holder)
 		return
 	}
 	time.Sleep(staleAfter + 2*time.Second)
@@ -826,6 +832,53 @@ func (s *suite) killDashboardMidChat(ctx context.Context) {
 	s.mu.Lock()
 	s.killedDB[chatOrg] = true
 	s.mu.Unlock()
+}
+
+// forceRelease is an operator freeing a held home: lease from the org's dashboard (its
+// leases page's form), with a reason: its holder's run must stop, and the event must name
+// the operator.
+func (s *suite) forceRelease(ctx context.Context, draw int) {
+	var held []string
+	rows, err := s.db.Query(ctx, `SELECT substr(key, 6) FROM hermes_host.leases WHERE key LIKE 'home:%' AND holder IS NOT NULL ORDER BY key`)
+	if err == nil {
+		for rows.Next() {
+			var org string
+			if rows.Scan(&org) == nil {
+				held = append(held, org)
+			}
+		}
+		rows.Close()
+	}
+	if len(held) == 0 {
+		s.apply(ForceRelease, "no home lease", "(none was held)")
+		return
+	}
+	org := held[draw%len(held)]
+	b, err := s.login()
+	if err == nil {
+		err = b.open(org, 30*time.Second)
+	}
+	if err != nil {
+		s.apply(ForceRelease, "home:"+org, "(its dashboard did not open: "+err.Error()+")")
+		return
+	}
+	form := url.Values{"key": {"home:" + org}, "reason": {"the fault suite frees it"}}
+	req, _ := http.NewRequest(http.MethodPost, s.launcher+"/orgs/"+org+"/leases/force-release", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", s.launcher)
+	resp, err := b.hc.Do(req)
+	if err != nil {
+		s.apply(ForceRelease, "home:"+org, errNote(err))
+		return
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusSeeOther, http.StatusFound:
+		s.apply(ForceRelease, "home:"+org, "by operator "+operator)
+		s.act(OperatorAction{Kind: "force_release", Operator: operator, Org: org, Target: "home:" + org})
+	default:
+		s.apply(ForceRelease, "home:"+org, "(refused: "+resp.Status+"; it was no longer held)")
+	}
 }
 
 // drain waits until every job has ended.

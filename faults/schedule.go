@@ -23,10 +23,11 @@ const (
 	StallAgent     Kind = "stall-agent"      // an org's agent stalls past STALE_AFTER, then is killed
 	PauseHolder    Kind = "pause-holder"     // SIGSTOP a dispatcher past LEASE_TTL, then SIGCONT
 	RestartDocker  Kind = "restart-dockerd"  // stop dockerd, start it again
+	ForceRelease   Kind = "force-release"    // an operator force-releases a held home: lease from its dashboard
 )
 
 // AllKinds is every fault, each drawn with the same weight.
-var AllKinds = []Kind{KillWorker, KillDispatcher, KillGateway, KillDashboard, RestartDB, FillHome, FillCreds, StallAgent, PauseHolder, RestartDocker}
+var AllKinds = []Kind{KillWorker, KillDispatcher, KillGateway, KillDashboard, RestartDB, FillHome, FillCreds, StallAgent, PauseHolder, RestartDocker, ForceRelease}
 
 // Planned is one fault of a schedule: its kind at an offset from the start, and a number
 // from which its target is picked among those there are when it is applied.

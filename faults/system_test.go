@@ -313,15 +313,6 @@ type proc struct {
 	stopped  chan struct{}
 }
 
-func (p *proc) pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil || p.cmd.Process == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
 // supervise starts p and keeps it running until stop.
 func (p *proc) supervise(t *testing.T) {
 	p.stopped = make(chan struct{})
