@@ -3,6 +3,7 @@ package faults
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "modernc.org/sqlite" // state.db, read as the dashboard reads it
 
 	"hermeshost/atomicfile"
 	"hermeshost/dispatch/runtime"
@@ -1029,7 +1031,44 @@ func (s *suite) collect() State {
 		st.Containers = append(st.Containers, Container{Name: name, State: c.State, Instance: c.Labels[runtime.LabelInstance], Role: c.Labels[runtime.LabelRole], Execs: execs})
 	}
 	st.Processes = s.ownProcesses()
+	for _, org := range orgs {
+		sessions, err := agentSessions(ctx, org, filepath.Join(s.orgsRoot, org, "state.db"))
+		if err != nil {
+			t.Errorf("read the sessions of %s: %v", org, err)
+		}
+		st.Sessions = append(st.Sessions, sessions...)
+	}
 	return st
+}
+
+// agentSessions are the top-level sessions of a home's state.db, each from its start to its
+// last message (times are Hermes' seconds since the epoch).
+func agentSessions(ctx context.Context, org, path string) ([]AgentSession, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, `SELECT s.id, s.source, s.started_at, coalesce(max(m.timestamp), s.started_at)
+		FROM sessions s LEFT JOIN messages m ON m.session_id = s.id WHERE s.parent_session_id IS NULL GROUP BY s.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []AgentSession
+	for rows.Next() {
+		var a AgentSession
+		var start, end float64
+		if err := rows.Scan(&a.ID, &a.Source, &start, &end); err != nil {
+			return nil, err
+		}
+		a.Org, a.Start, a.End = org, time.Unix(0, int64(start*1e9)), time.Unix(0, int64(end*1e9))
+		out = append(out, a)
+	}
+	return out, rows.Err()
 }
 
 // ownProcesses are the processes on this machine run from the suite's binaries, or whose

@@ -107,6 +107,13 @@ type Process struct {
 	Cmdline string
 }
 
+// AgentSession is a top-level session an agent ran in an org's home (its state.db): from
+// its start to its last message.
+type AgentSession struct {
+	Org, ID, Source string
+	Start, End      time.Time
+}
+
 // State is everything the invariants read.
 type State struct {
 	MaxAttempts   int
@@ -126,6 +133,7 @@ type State struct {
 	// Orgs each got a job after LastFault, the end of the last fault.
 	Orgs      []string
 	LastFault time.Time
+	Sessions  []AgentSession
 }
 
 // Violation is one broken invariant: which, about what (a job, a lease, an org, a file),
@@ -163,6 +171,7 @@ type Invariant struct {
 var Invariants = []Invariant{
 	{"every job completed once or failed at the attempt cap", CheckJobsEnded},
 	{"never two runs of one org", CheckOneRunPerOrg},
+	{"never two agents on one home", CheckOneAgentPerHome},
 	{"never two holders of a lease, no stale epoch accepted", CheckLeases},
 	{"no write of a superseded attempt accepted", CheckStaleJobWrites},
 	{"files intact", CheckFiles},
@@ -649,4 +658,30 @@ func runLog(events []JobEvent, job string, attempt int) string {
 		return "nothing"
 	}
 	return strings.Join(parts, " ")
+}
+
+// CheckOneAgentPerHome: in each home's state.db, no two agents' sessions (a job's or a chat
+// turn's; a subagent's runs inside its parent's) were written at once: ordered by start,
+// each begins after the one before it wrote its last message.
+func CheckOneAgentPerHome(s State) []Violation {
+	var out []Violation
+	byOrg := map[string][]AgentSession{}
+	for _, a := range s.Sessions {
+		byOrg[a.Org] = append(byOrg[a.Org], a)
+	}
+	for org, ss := range byOrg {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].Start.Before(ss[j].Start) })
+		last := 0
+		for i := 1; i < len(ss); i++ {
+			if ss[i].Start.Before(ss[last].End) {
+				out = append(out, Violation{Subject: "the home of " + org, At: ss[i].Start,
+					Detail: fmt.Sprintf("session %s (%s) began at %s while session %s (%s, from %s) wrote until %s",
+						ss[i].ID, ss[i].Source, stamp(ss[i].Start), ss[last].ID, ss[last].Source, stamp(ss[last].Start), stamp(ss[last].End))})
+			}
+			if ss[i].End.After(ss[last].End) {
+				last = i
+			}
+		}
+	}
+	return out
 }

@@ -265,3 +265,12 @@ func TestHostRecord(t *testing.T) {
 	s.Attempts = s.Attempts[1:] // j1's first claim never recorded
 	wantViolations(t, CheckHostRecord(s), 1, "j1", "attempt 1", "no claim_attempts row")
 }
+
+func TestOneAgentPerHome(t *testing.T) {
+	s := goodHistory()
+	s.Sessions = []AgentSession{{Org: "acme", ID: "s1", Source: "tool", Start: at(1), End: at(3)}, {Org: "acme", ID: "s2", Source: "tool", Start: at(4), End: at(6)},
+		{Org: "globex", ID: "s3", Source: "tool", Start: at(2), End: at(5)}}
+	wantViolations(t, CheckOneAgentPerHome(s), 0)
+	s.Sessions = append(s.Sessions, AgentSession{Org: "acme", ID: "chat", Source: "cli", Start: at(5), End: at(7)})
+	wantViolations(t, CheckOneAgentPerHome(s), 1, "the home of acme", "session chat", "while session s2")
+}
