@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"strconv"
@@ -324,4 +325,41 @@ func token(t *testing.T, s string) (string, string) {
 		return s, ""
 	}
 	return s[:end], s[end:]
+}
+
+// The text handler beside slog's JSON handler, in the same run, on a dispatcher's usual
+// record; and Forward re-emitting such a record a child wrote as JSON.
+func BenchmarkHandlers(b *testing.B) {
+	attrs := []any{"job", "5828f2c4-a9d6-462d-84db-b5b1e55a8048", "org", "acme", "attempt", 2,
+		"took", 1500 * time.Millisecond, "err", errors.New("heartbeatAgentJob: 502 bad_gateway")}
+	for _, c := range []struct {
+		name string
+		h    slog.Handler
+	}{
+		{"json", slog.NewJSONHandler(io.Discard, nil)},
+		{"text", NewText(io.Discard, nil)},
+		{"text+color", NewText(io.Discard, &TextOptions{Color: true})},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			log := slog.New(c.h).With(ProcessKey, "dispatcher")
+			b.ReportAllocs()
+			for b.Loop() {
+				log.Info("job outcome", attrs...)
+			}
+		})
+	}
+	var line bytes.Buffer
+	slog.New(slog.NewJSONHandler(&line, nil)).With(ProcessKey, "worker").Info("job outcome", attrs...)
+	b.Run("forward-json-to-text", func(b *testing.B) {
+		in := bytes.Repeat(line.Bytes(), 1000)
+		h := NewText(io.Discard, nil)
+		b.ReportAllocs()
+		b.SetBytes(int64(len(in)))
+		for b.Loop() {
+			if err := Forward(bytes.NewReader(in), h, "unit"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/line")
+	})
 }
