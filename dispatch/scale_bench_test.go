@@ -420,20 +420,34 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 		}
 	}
 
+	// Latencies of first attempts from the marks seen; a line the timeline missed (seen
+	// once in a run under a load average above 100: a job's agent_start, its job completed)
+	// is counted, not guessed.
 	var claimToStart, claimToAgent []time.Duration
+	unseen := 0
 	for _, job := range all {
 		if killedJobs[job] {
 			continue
 		}
-		claimed, ok0 := w.tl.when(mark{job, 1, "claim"})
-		started, ok1 := w.tl.when(mark{job, 1, "start"})
-		agent, ok2 := w.tl.when(mark{job, 1, "agent_start"})
-		if !ok0 || !ok1 || !ok2 {
-			b.Fatalf("job %s: claim seen %v, start seen %v, agent_start seen %v", job, ok0, ok1, ok2)
+		claimed, ok := w.tl.when(mark{job, 1, "claim"})
+		if !ok {
+			b.Fatalf("job %s: no claim of attempt 1 seen", job)
 		}
-		claimToStart = append(claimToStart, started.Sub(claimed))
-		claimToAgent = append(claimToAgent, agent.Sub(claimed))
+		if started, ok := w.tl.when(mark{job, 1, "start"}); ok {
+			claimToStart = append(claimToStart, started.Sub(claimed))
+		} else {
+			unseen++
+		}
+		if agent, ok := w.tl.when(mark{job, 1, "agent_start"}); ok {
+			claimToAgent = append(claimToAgent, agent.Sub(claimed))
+		} else {
+			unseen++
+		}
 	}
+	if unseen > len(all)/100 {
+		b.Fatalf("%d start or agent_start lines of %d jobs were not seen", unseen, len(all))
+	}
+	b.ReportMetric(float64(unseen), "lines-unseen")
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "jobs/s")
 	b.ReportMetric(elapsed.Seconds(), "run-s")
 	reportPercentiles(b, "claim-to-start", claimToStart)
