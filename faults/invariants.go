@@ -596,7 +596,20 @@ func CheckProgress(s State) []Violation {
 			}
 		}
 		if !ok {
-			out = append(out, Violation{Subject: "org " + org, Detail: "completed no job after the last fault ended", At: s.LastFault})
+			detail := "completed no job after the last fault ended"
+			failed := map[string]bool{}
+			for _, e := range s.JobEvents {
+				if e.Org == org && e.Kind == "fail" && e.At.After(s.LastFault) {
+					failed[e.JobID] = true
+				}
+			}
+			for _, j := range s.Jobs {
+				if failed[j.ID] {
+					detail += fmt.Sprintf("; job %s failed after it: %s", j.ID, j.Error)
+					break
+				}
+			}
+			out = append(out, Violation{Subject: "org " + org, Detail: detail, At: s.LastFault})
 		}
 	}
 	return out
