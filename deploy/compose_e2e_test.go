@@ -250,6 +250,33 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^hermes_dispatch_claims_total\{kind="claim"\} [1-9]`).MatchString(metrics) {
 		t.Errorf("dispatcher /metrics counts no claims:\n%s", grepLines(metrics, "hermes_dispatch_"))
 	}
+
+	// An upgrade: the dispatcher stopped as compose stops it (SIGTERM, within its
+	// stop_grace_period) exits cleanly and leaves the org units running; a new one under the
+	// same HERMES_INSTANCE adopts them.
+	old := up.containers["dispatcher"]
+	if err := cli.ContainerStop(ctx, old, container.StopOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if code := up.wait(ctx, old); code != 0 {
+		t.Fatalf("the dispatcher exited %d on SIGTERM:\n%s", code, up.logs(old))
+	}
+	for _, u := range units {
+		info, err := cli.ContainerInspect(ctx, u.ID)
+		if err != nil || !info.State.Running {
+			t.Fatalf("org worker %s after the dispatcher stopped: %v", u.Names, err)
+		}
+	}
+	phase("dispatcher stopped on SIGTERM, org units left running")
+	if err := cli.ContainerRemove(ctx, old, container.RemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	up.start(ctx, "dispatcher")
+	up.waitHealthy(ctx, "dispatcher")
+	if logs := up.logsTail(up.containers["dispatcher"], "all"); !regexp.MustCompile(`"msg":"container adopted"[^\n]*"container":"hermes-org-acme"`).MatchString(logs) {
+		t.Errorf("the new dispatcher did not adopt hermes-org-acme:\n%s", logs)
+	}
+	phase("a new dispatcher adopted them")
 }
 
 // requireEngine is a client of the local engine; without one the test skips, except under
@@ -710,10 +737,13 @@ func (u *topology) ip(ctx context.Context, name, net string) string {
 	return ep.IPAddress
 }
 
-func (u *topology) logs(id string) string {
+func (u *topology) logs(id string) string { return u.logsTail(id, "60") }
+
+// logsTail is the container's output, the last tail lines ("all": all of it).
+func (u *topology) logsTail(id, tail string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := u.cli.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "60"})
+	r, err := u.cli.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: tail})
 	if err != nil {
 		return err.Error()
 	}
