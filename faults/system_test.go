@@ -233,6 +233,43 @@ func (d *dockerd) remove(t *testing.T) {
 	}
 	d.engine.Close()
 	unmountUnder(t, d.dir)
+	// Nothing of the engine outlives it. A containerd shim can: one whose container the
+	// daemon lost track of when it was stopped mid-run. Those are ended here.
+	for _, p := range processesNaming(d.dir) {
+		t.Logf("ending a process the suite's dockerd left: %s", p)
+		if pid, err := strconv.Atoi(strings.SplitN(p, ":", 2)[0]); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := processesNaming(d.dir)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes of the suite's dockerd left after it stopped: %v", left)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	unmountUnder(t, d.dir)
+}
+
+// processesNaming are the command lines of the processes whose command line names dir.
+func processesNaming(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(raw), dir) {
+			out = append(out, e.Name()+": "+strings.TrimSpace(strings.ReplaceAll(string(raw), "\x00", " ")))
+		}
+	}
+	return out
 }
 
 // unmountUnder unmounts every mount below dir, deepest first.
