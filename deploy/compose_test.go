@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -297,6 +298,23 @@ func TestComposeFileStatically(t *testing.T) {
 		if name != "postgres" && (!s.ReadOnly || !slices.Equal(s.CapDrop, []string{"ALL"}) || !slices.Contains(s.SecurityOpt, "no-new-privileges:true")) {
 			t.Errorf("%s: the host's processes run on a read-only root, without capabilities, with no-new-privileges", name)
 		}
+		if !slices.Contains([]string{"no", "always", "on-failure", "unless-stopped"}, s.Restart) {
+			t.Errorf("%s: restart %q is not a restart policy", name, s.Restart)
+		}
+		durations := []string{s.StopGracePeriod}
+		if h := s.Healthcheck; h != nil {
+			durations = append(durations, h.Interval, h.Timeout, h.StartPeriod)
+		}
+		for _, d := range durations {
+			if _, err := time.ParseDuration(d); d != "" && err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+		for _, p := range s.Ports {
+			if !regexp.MustCompile(`^[0-9.]+:[0-9]+:[0-9]+$`).MatchString(p) {
+				t.Errorf("%s: port %q is not HOST_IP:HOST_PORT:CONTAINER_PORT", name, p)
+			}
+		}
 		for dep, d := range s.DependsOn {
 			if _, ok := f.Services[dep]; !ok {
 				t.Errorf("%s depends on unknown service %s", name, dep)
@@ -444,6 +462,27 @@ func (h *composeHealth) testOrNil() []string {
 		return nil
 	}
 	return h.Test
+}
+
+// TestEnvExampleListsWhatComposeReads: every variable compose.yaml interpolates is in
+// deploy/env.example, which an operator copies, and env.example holds nothing compose does
+// not use.
+func TestEnvExampleListsWhatComposeReads(t *testing.T) {
+	env := exampleEnv(t)
+	used := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)`).FindAllStringSubmatch(readFile(t, "compose.yaml"), -1) {
+		used[m[1]] = true
+	}
+	for name := range used {
+		if _, ok := env[name]; !ok {
+			t.Errorf("compose.yaml reads ${%s}, which env.example does not list", name)
+		}
+	}
+	for name := range env {
+		if !used[name] {
+			t.Errorf("env.example sets %s, which compose.yaml does not use", name)
+		}
+	}
 }
 
 // TestComposeConfigAccepted runs `docker compose config` on the file with env.example's
