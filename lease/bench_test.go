@@ -38,6 +38,19 @@ CREATE TABLE baseline_events (
     PRIMARY KEY (key, id)
 )`
 
+// baselineNotify adds to the bare lease what the lease store's events trigger does
+// (migration 00006): a NOTIFY per event row. A transaction that notifies takes a
+// database-wide lock at commit that it holds until its commit is flushed, so such commits
+// are made one at a time.
+const baselineNotify = `
+CREATE FUNCTION baseline_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('hermes_bench_baseline', NEW.key);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER baseline_events_notify AFTER INSERT ON baseline_events FOR EACH ROW EXECUTE FUNCTION baseline_event_notify()`
+
 // benchPool is a pool on a fresh schema big enough for 32 clients.
 func benchPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
@@ -95,53 +108,19 @@ func clients(b *testing.B, c int, op func(client, i int) error) {
 // if still held at that epoch and write its release event, one statement each. That is the
 // floor of a fenced lease with a committed audit; what the store adds is its secret, its
 // takeover of expired holdings and insert of new keys in the same statement, the wake-up
-// of waiters, the events' notification to the org's watchers, and its checks. After each
-// run every pair must have left its two events and moved its key's epoch on by one.
+// of waiters, the events' notification to the org's watchers, and its checks. A second
+// baseline adds that notification alone (baselineNotify). After each run every pair must
+// have left its two events and moved its key's epoch on by one.
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, c := range []int{1, 8, 32} {
-		b.Run(fmt.Sprintf("baseline-statements/clients=%d", c), func(b *testing.B) {
-			pool := benchPool(b)
-			ctx := context.Background()
-			if _, err := pool.Exec(ctx, baselineTables); err != nil {
-				b.Fatal(err)
-			}
-			for g := range c {
-				if _, err := pool.Exec(ctx, `INSERT INTO baseline (key, epoch) VALUES ($1, 0)`, fmt.Sprintf("session:bench-%d", g)); err != nil {
-					b.Fatal(err)
-				}
-			}
-			clients(b, c, func(g, _ int) error {
-				key, holder := fmt.Sprintf("session:bench-%d", g), fmt.Sprintf("client-%d", g)
-				var epoch int64
-				err := pool.QueryRow(ctx, `
-WITH up AS (
-    UPDATE baseline SET holder = $2, epoch = epoch + 1, expires_at = now() + interval '1 minute'
-     WHERE key = $1 AND holder IS NULL
-    RETURNING key, holder, epoch
-), ev AS (
-    INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'acquire', holder, epoch FROM up
-)
-SELECT epoch FROM up`, key, holder).Scan(&epoch)
-				if err != nil {
-					return fmt.Errorf("acquire %s: %w", key, err)
-				}
-				tag, err := pool.Exec(ctx, `
-WITH up AS (
-    UPDATE baseline SET holder = NULL, expires_at = NULL
-     WHERE key = $1 AND holder = $2 AND epoch = $3
-    RETURNING key, epoch
-)
-INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'release', $2, epoch FROM up`, key, holder, epoch)
-				if err == nil && tag.RowsAffected() != 1 {
-					err = fmt.Errorf("released %d rows, want 1", tag.RowsAffected())
-				}
-				if err != nil {
-					return fmt.Errorf("release %s: %w", key, err)
-				}
-				return nil
+		for _, variant := range []struct{ name, ddl string }{
+			{"baseline-statements", baselineTables},
+			{"baseline-statements-notify", baselineTables + ";" + baselineNotify},
+		} {
+			b.Run(fmt.Sprintf("%s/clients=%d", variant.name, c), func(b *testing.B) {
+				benchBaseline(b, c, variant.ddl)
 			})
-			checkPairs(b, pool, "baseline", "baseline_events", b.N)
-		})
+		}
 		b.Run(fmt.Sprintf("lease/clients=%d", c), func(b *testing.B) {
 			pool := benchPool(b)
 			s := New(pool, Options{})
@@ -157,6 +136,51 @@ INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'release', $2
 			checkPairs(b, pool, "leases", "lease_events", b.N)
 		})
 	}
+}
+
+// benchBaseline runs the bare pairs on tables made by ddl, c clients each on its own key.
+func benchBaseline(b *testing.B, c int, ddl string) {
+	pool := benchPool(b)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, ddl); err != nil {
+		b.Fatal(err)
+	}
+	for g := range c {
+		if _, err := pool.Exec(ctx, `INSERT INTO baseline (key, epoch) VALUES ($1, 0)`, fmt.Sprintf("session:bench-%d", g)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	clients(b, c, func(g, _ int) error {
+		key, holder := fmt.Sprintf("session:bench-%d", g), fmt.Sprintf("client-%d", g)
+		var epoch int64
+		err := pool.QueryRow(ctx, `
+WITH up AS (
+    UPDATE baseline SET holder = $2, epoch = epoch + 1, expires_at = now() + interval '1 minute'
+     WHERE key = $1 AND holder IS NULL
+    RETURNING key, holder, epoch
+), ev AS (
+    INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'acquire', holder, epoch FROM up
+)
+SELECT epoch FROM up`, key, holder).Scan(&epoch)
+		if err != nil {
+			return fmt.Errorf("acquire %s: %w", key, err)
+		}
+		tag, err := pool.Exec(ctx, `
+WITH up AS (
+    UPDATE baseline SET holder = NULL, expires_at = NULL
+     WHERE key = $1 AND holder = $2 AND epoch = $3
+    RETURNING key, epoch
+)
+INSERT INTO baseline_events (key, kind, holder, epoch) SELECT key, 'release', $2, epoch FROM up`, key, holder, epoch)
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("released %d rows, want 1", tag.RowsAffected())
+		}
+		if err != nil {
+			return fmt.Errorf("release %s: %w", key, err)
+		}
+		return nil
+	})
+	checkPairs(b, pool, "baseline", "baseline_events", b.N)
 }
 
 // checkPairs fails the benchmark unless pairs acquire+release pairs left every key free,
