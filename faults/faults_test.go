@@ -155,7 +155,7 @@ func TestFaults(t *testing.T) {
 
 	s := &suite{t: t, seed: seed, procs: map[string]*proc{}, killedDB: map[string]bool{},
 		workRand: rand.New(rand.NewPCG(seed, 1))}
-	s.setUp()
+	s.setUp(2)
 
 	s.started = time.Now()
 	s.logf("the system is up; faults for %s", duration)
@@ -201,8 +201,9 @@ func TestFaults(t *testing.T) {
 	}
 }
 
-// setUp builds and starts everything; each part is stopped and removed when the test ends.
-func (s *suite) setUp() {
+// setUp builds and starts everything, with n dispatchers; each part is stopped and removed
+// when the test ends.
+func (s *suite) setUp(n int) {
 	t := s.t
 	root, err := os.MkdirTemp("", "hermes-faults-")
 	if err != nil {
@@ -301,7 +302,7 @@ func (s *suite) setUp() {
 	}
 	// The backend made its schema and the demo jobs; the other orgs get theirs.
 	s.seedJobs(2)
-	for i, name := range []string{"dispatcher-a", "dispatcher-b"} {
+	for i, name := range []string{"dispatcher-a", "dispatcher-b"}[:n] {
 		cport := freePort(t)
 		d := newProc(name, fmt.Sprintf("http://127.0.0.1:%d/healthz", cport), []string{
 			"DATABASE_URL=" + dbURL, "SARTIQ_API_URL=" + s.backend, "SARTIQ_BOT_TOKEN=" + botToken,
@@ -1184,4 +1185,67 @@ func (s *suite) saveArtifacts(st State, vs []Violation) {
 	dump, _ := json.MarshalIndent(map[string]any{"seed": s.seed, "applied": s.applied, "violations": Report(vs), "state": st, "files": len(files)}, "", " ")
 	_ = os.WriteFile(filepath.Join(dir, "state.json"), dump, 0o644)
 	s.t.Logf("the run's logs and state are in %s", dir)
+}
+
+// A dispatcher restarted (as a deploy restarts it, SIGTERM then a new start under the same
+// HERMES_INSTANCE) adopts the worker containers it left, and their jobs run: the worker
+// reaches the backend, gateway and control API through the org's sockets, which the new
+// process must serve again. The whole system as in TestFaults, one dispatcher, no faults.
+func TestARestartedDispatcherRunsTheJobsOfTheWorkersItAdopts(t *testing.T) {
+	if os.Getenv("HERMES_FAULTS") != "1" {
+		t.Skip("runs with the fault suite only (HERMES_FAULTS=1, make test-faults): it owns a Postgres cluster and a dockerd")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("the fault suite needs root: it mounts tmpfs, runs initdb as the postgres user and runs a dockerd")
+	}
+	s := &suite{t: t, procs: map[string]*proc{}, killedDB: map[string]bool{}, workRand: rand.New(rand.NewPCG(1, 1))}
+	s.setUp(1)
+	s.started = time.Now()
+	s.drain(2 * time.Minute)
+	ctx := context.Background()
+	worker := runtime.UnitName("umbrella", runtime.RoleWorker)
+	before, err := s.dk.engine.ContainerInspect(ctx, worker)
+	if err != nil || !before.State.Running {
+		t.Fatalf("umbrella's worker after its jobs: %v", err)
+	}
+	d := s.procs["dispatcher-a"]
+	if err := d.signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The suite starts it again, as a service manager would.
+	time.Sleep(time.Second)
+	if err := d.ready(time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, d.tail(30))
+	}
+	var jobs []string
+	for range 2 {
+		if err := s.addJob("umbrella"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.drain(time.Minute)
+	after, err := s.dk.engine.ContainerInspect(ctx, worker)
+	if err != nil || after.ID != before.ID {
+		t.Logf("umbrella's worker was not adopted (%v): the test did not test adoption", err)
+	}
+	rows, err := s.db.Query(ctx, `SELECT id::text, status, coalesce(error, '') FROM sartiq_backend.agent_jobs
+		WHERE organization_id = 'umbrella' ORDER BY created_at DESC LIMIT 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, status, reason string
+		if err := rows.Scan(&id, &status, &reason); err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, id)
+		if status != sartiq.StatusCompleted {
+			t.Errorf("job %s of umbrella after the restart: %s %s", id, status, reason)
+		}
+	}
+	if len(jobs) != 2 {
+		t.Fatalf("%d jobs of umbrella found after the restart", len(jobs))
+	}
+	s.stopAll()
 }
