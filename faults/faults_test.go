@@ -110,14 +110,14 @@ type suite struct {
 	dispatchN []string
 	started   time.Time
 
-	mu       sync.Mutex
-	applied  []Applied
-	actions  []OperatorAction
-	sent     []SentMessage
-	files    []File
-	notes    []string // what the faults saw, for the log
-	killedDB map[string]bool
-	workRand *rand.Rand
+	mu         sync.Mutex
+	applied    []Applied
+	actions    []OperatorAction
+	sent       []SentMessage
+	files      []File
+	notes      []string // what the faults saw, for the log
+	killedDash map[string]bool
+	workRand   *rand.Rand
 }
 
 func (s *suite) logf(format string, args ...any) {
@@ -153,7 +153,7 @@ func TestFaults(t *testing.T) {
 		t.Logf("planned: %s", p)
 	}
 
-	s := &suite{t: t, seed: seed, procs: map[string]*proc{}, killedDB: map[string]bool{},
+	s := &suite{t: t, seed: seed, procs: map[string]*proc{}, killedDash: map[string]bool{},
 		workRand: rand.New(rand.NewPCG(seed, 1))}
 	s.setUp(2)
 
@@ -838,7 +838,7 @@ func (s *suite) killDashboardMidChat(ctx context.Context) {
 	err = s.dk.engine.ContainerKill(ctx, name, "KILL")
 	s.apply(KillDashboard, name, "in the middle of chat turn "+turn+" "+errNote(err))
 	s.mu.Lock()
-	s.killedDB[chatOrg] = true
+	s.killedDash[chatOrg] = true
 	s.mu.Unlock()
 }
 
@@ -925,7 +925,7 @@ func (s *suite) drain(within time.Duration) {
 // reopenDashboards: a dashboard killed mid-chat is started again when the operator opens it.
 func (s *suite) reopenDashboards() {
 	s.mu.Lock()
-	killed := len(s.killedDB) > 0
+	killed := len(s.killedDash) > 0
 	s.mu.Unlock()
 	if !killed {
 		return
@@ -1218,7 +1218,7 @@ func TestARestartedDispatcherRunsTheJobsOfTheWorkersItAdopts(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the fault suite needs root: it mounts tmpfs, runs initdb as the postgres user and runs a dockerd")
 	}
-	s := &suite{t: t, procs: map[string]*proc{}, killedDB: map[string]bool{}, workRand: rand.New(rand.NewPCG(1, 1))}
+	s := &suite{t: t, procs: map[string]*proc{}, killedDash: map[string]bool{}, workRand: rand.New(rand.NewPCG(1, 1))}
 	s.setUp(1)
 	s.started = time.Now()
 	ctx := context.Background()
