@@ -119,12 +119,18 @@ func devCommand() *cli.Command {
 				defer closeBackendDB()
 
 				g, gctx := errgroup.WithContext(ctx)
+				// The backend and the gateway stop after the dispatcher, which lets the jobs in
+				// flight finish in its JOB_GRACE, or has their workers release them, both of
+				// which need them: they end when it has returned (or dev returns early).
+				svc, stopServices := context.WithCancel(context.WithoutCancel(gctx))
+				defer stopServices()
 				gatewayUp := make(chan string, 1)
-				g.Go(func() error { return runGateway(gctx, log, gw, func(url string) { gatewayUp <- url }) })
+				g.Go(func() error { return runGateway(svc, log, gw, func(url string) { gatewayUp <- url }) })
 				var gatewayURL string
 				select {
 				case gatewayURL = <-gatewayUp:
 				case <-gctx.Done():
+					stopServices()
 					return g.Wait()
 				}
 				ls.dbURL, ls.grace = url, shutdownGrace
@@ -143,7 +149,7 @@ func devCommand() *cli.Command {
 				fmt.Printf("\nLauncher: %s\nLog in as %s with password %s (made for this run)\n\n", launcherSrv.URL(), demoOperatorName, login)
 				g.Go(func() error { return srv.Serve(gctx) })
 				g.Go(func() error { return launcherSrv.Serve(gctx) })
-				g.Go(func() error { return backendSrv.Serve(gctx) })
+				g.Go(func() error { return backendSrv.Serve(svc) })
 
 				if ds.orgsRoot, err = filepath.Abs(*orgsRoot); err != nil {
 					return err
@@ -167,7 +173,10 @@ func devCommand() *cli.Command {
 						return err
 					}
 				}
-				g.Go(func() error { return runDispatcher(gctx, log, ds) })
+				g.Go(func() error {
+					defer stopServices()
+					return runDispatcher(gctx, log, ds)
+				})
 				return g.Wait()
 			}
 		},

@@ -28,7 +28,9 @@ import (
 
 	"hermeshost/gateway"
 	"hermeshost/migrations"
+	"hermeshost/pg"
 	"hermeshost/pg/pgtest"
+	"hermeshost/sartiq/backend"
 )
 
 var binary string
@@ -482,5 +484,60 @@ func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
 			t.Fatalf("not so after %s", within)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// SIGTERM to dev while jobs run: its dispatcher asks their workers to release them once
+// JOB_GRACE is over, and the backend and the gateway those releases need stop only after
+// it, so every job in flight goes back to the queue, released, none left running or
+// counted as a crash.
+func TestDevStopsItsBackendAndGatewayAfterTheJobsInFlight(t *testing.T) {
+	url, _ := pgtest.EmptySchema(t)
+	backendURL, _ := pgtest.EmptySchema(t)
+	cmd := exec.Command(binary, "dev", "--addr", "127.0.0.1:0", "--backend-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0",
+		"--launcher-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--orgs-root", t.TempDir())
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + url, "BACKEND_DATABASE_URL=" + backendURL,
+		"GATEWAY_SECRET=dev-test-secret", "JOB_GRACE=200ms", "DOCKER_HOST=unix:///nonexistent/docker.sock", "LOG_FORMAT=json"}
+	var logs testio.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill() //nolint:errcheck // cleanup after a failed assertion
+	ctx := t.Context()
+	// The backend's own schema, as the backend opens it.
+	db, _, err := pg.Open(ctx, backendURL, backend.Migrations.DefaultSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	running := func() int {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM agent_jobs WHERE status IN ('CLAIMED', 'RUNNING')`).Scan(&n); err != nil {
+			return 0 // not migrated yet
+		}
+		return n
+	}
+	// The demo homes pace their agents (a step every 2.5 s): a job runs for a while.
+	waitUntil(t, 90*time.Second, func() bool {
+		var n int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE kind = 'progress'`).Scan(&n)
+		return err == nil && n > 0 && running() > 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("dev did not exit cleanly on SIGTERM: %v\n%s", err, logs.String())
+	}
+	if n := running(); n != 0 {
+		t.Errorf("%d jobs left claimed or running after dev stopped:\n%s", n, logs.String())
+	}
+	var released, crashed int
+	if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'release'), count(*) FILTER (WHERE kind = 'crash') FROM agent_job_events`).Scan(&released, &crashed); err != nil {
+		t.Fatal(err)
+	}
+	if released == 0 || crashed != 0 {
+		t.Errorf("dev's jobs in flight: %d released, %d crashed; want them released, none crashed\n%s", released, crashed, logs.String())
 	}
 }

@@ -178,12 +178,79 @@ func Proxy(base string) (http.Handler, error) {
 // that body to send it on: a read on the closed body fails the transport's write, which
 // drops its upstream connection in the middle of the answer (seen as a model stream cut a
 // moment after it began), or the two readers split the body between them.
+//
+// The transport may also go on reading (or closing, which reads the rest) after the proxy
+// has answered and returned, when the server reads the connection again for the next
+// request: net/http panics on two readers ("invalid concurrent Body.Read call"). So the
+// body is handed to the proxy behind a guard that refuses reads once the handler has
+// returned, and a read still in flight then is ended (the connection's read deadline set to
+// now) and waited for, and the body is closed before the handler returns.
 func FullDuplex(rp http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = http.NewResponseController(w).EnableFullDuplex()
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		if r.Body == nil || r.Body == http.NoBody {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		g := &guardedBody{body: r.Body}
+		g.idle = sync.NewCond(&g.mu)
+		r.Body = g
+		defer func() {
+			g.mu.Lock()
+			g.done = true
+			if g.reading > 0 {
+				// The transport's read waits for the client: end it now.
+				_ = rc.SetReadDeadline(time.Now())
+				for g.reading > 0 {
+					g.idle.Wait()
+				}
+			}
+			g.mu.Unlock()
+			// The server itself would close (drain) the body after the handler, and the
+			// drain reaching its end starts the server's read of the next request after
+			// it stopped such reads, so its own next read panics (go.dev/issue/68560):
+			// drained here, the read it starts is stopped in time. The answer goes out first:
+			// the client may send the rest of its body only once it has it.
+			_ = rc.Flush()
+			_ = g.body.Close()
+		}()
 		rp.ServeHTTP(w, r)
 	})
 }
+
+// guardedBody is a request body that the proxy's transport reads through until its handler
+// returns (done), and never after. Close does not touch the body: the server closes it
+// itself once the handler has returned.
+type guardedBody struct {
+	body    io.ReadCloser
+	mu      sync.Mutex
+	idle    *sync.Cond
+	reading int
+	done    bool
+}
+
+var errHandlerReturned = errors.New("unitnet: the request is over")
+
+func (g *guardedBody) Read(p []byte) (int, error) {
+	g.mu.Lock()
+	if g.done {
+		g.mu.Unlock()
+		return 0, errHandlerReturned
+	}
+	g.reading++
+	g.mu.Unlock()
+	n, err := g.body.Read(p)
+	g.mu.Lock()
+	g.reading--
+	if g.reading == 0 {
+		g.idle.Broadcast()
+	}
+	g.mu.Unlock()
+	return n, err
+}
+
+func (g *guardedBody) Close() error { return nil }
 
 // NewSockets serves services (by name: the socket is <name>.sock) in <root>/<org>/.
 func NewSockets(root string, services map[string]http.Handler, log *slog.Logger) (*Sockets, error) {

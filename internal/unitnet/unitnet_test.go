@@ -5,14 +5,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"hermeshost/internal/testio"
 )
 
 // A unit's request goes through its org's socket to the service on the host and back,
@@ -198,8 +202,7 @@ func TestSocketsAreServedAgainWhenRemoved(t *testing.T) {
 func TestAProxyPassesAnAnswerOnWhileTheBodyIsStillComing(t *testing.T) {
 	// The service answers at once, without waiting for the body either.
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = http.NewResponseController(w).EnableFullDuplex()
-		http.Error(w, "not here", http.StatusNotFound)
+		answerEarly(w, r)
 	}))
 	t.Cleanup(upstream.Close)
 	p, err := Proxy(upstream.URL)
@@ -233,4 +236,76 @@ func TestAProxyPassesAnAnswerOnWhileTheBodyIsStillComing(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound || strings.TrimSpace(string(body)) != "not here" || err != nil {
 		t.Fatalf("answer %d %q (%v), want the service's 404 whole", resp.StatusCode, body, err)
 	}
+}
+
+// A proxy whose answer is written while its transport still reads (or closes) the request's
+// body must not let that read race the server's own read of the connection once the
+// handler has returned (net/http panics on it: "invalid concurrent Body.Read call"): with
+// the service down, with it answering before the body is in, and with the next request
+// coming on the same connection.
+func TestAProxyNeverReadsTheBodyAfterItsHandlerReturned(t *testing.T) {
+	answersEarly := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		answerEarly(w, r)
+	}))
+	t.Cleanup(answersEarly.Close)
+	down := httptest.NewServer(http.NotFoundHandler())
+	downURL := down.URL
+	down.Close()
+	for _, upstream := range []struct{ name, url string }{{"down", downURL}, {"answers early", answersEarly.URL}} {
+		t.Run(upstream.name, func(t *testing.T) {
+			p, err := Proxy(upstream.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logged testio.Buffer
+			front := httptest.NewUnstartedServer(p)
+			front.Config.ErrorLog = log.New(&logged, "", 0)
+			front.Start()
+			t.Cleanup(front.Close)
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					c, err := net.Dial("tcp", front.Listener.Addr().String())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer c.Close()
+					br := bufio.NewReader(c)
+					for range 25 {
+						const size = 256 << 10
+						body := strings.Repeat("x", size)
+						if _, err := fmt.Fprintf(c, "POST /api/show HTTP/1.1\r\nHost: unit\r\nContent-Length: %d\r\n\r\n%s", size/2, body[:size/4]); err != nil {
+							return // the server closed the connection: fine, not a panic
+						}
+						_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+						resp, err := http.ReadResponse(br, nil)
+						if err != nil {
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if _, err := io.WriteString(c, body[:size/4]); err != nil || resp.Close {
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if strings.Contains(logged.String(), "panic") {
+				t.Fatalf("the proxy's server panicked:\n%s", logged.String())
+			}
+		})
+	}
+}
+
+// answerEarly answers 404 at once, in full duplex, before reading the request's body, then
+// drains the body itself: left to the server after the handler, the drain makes the test
+// server panic (go.dev/issue/68560).
+func answerEarly(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	http.Error(w, "not here", http.StatusNotFound)
+	_ = rc.Flush()
+	_ = r.Body.Close()
 }
