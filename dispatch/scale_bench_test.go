@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +37,7 @@ import (
 	"hermeshost/sartiq/backend"
 	"hermeshost/sartiq/backend/backendtest"
 	"hermeshost/scriptedagent"
+	"hermeshost/worker"
 )
 
 // benchScale lets the scale run go (minutes per runtime); `make bench` sets it.
@@ -121,6 +124,8 @@ type scaleWorld struct {
 
 	jobsMu sync.Mutex
 	byOrg  map[string][]string // every job queued in the world, by org, in queue order
+
+	restarts atomic.Int64 // workers runJobDirect found not running and started again
 }
 
 // serviceProc is a `hermes-host` service run for a benchmark.
@@ -322,7 +327,7 @@ func (w *scaleWorld) queueAndRunDirect(b *testing.B, per int) map[string][]strin
 	for _, org := range w.orgs {
 		wg.Go(func() {
 			for _, job := range jobs[org] {
-				if err := w.runJob(org, job); err != nil {
+				if err := w.runJobDirect(org, job); err != nil {
 					errs <- err
 					return
 				}
@@ -335,6 +340,42 @@ func (w *scaleWorld) queueAndRunDirect(b *testing.B, per int) map[string][]strin
 		b.Fatal(err)
 	}
 	return jobs
+}
+
+// runJobDirect claims job with the bot and hands it to `worker run-job` as the dispatcher
+// would. A worker found not running (on Docker, under a load average above 200, a
+// container was once gone) is started again and the claimed job handed to it, as a
+// dispatcher's next delivery would; such restarts are counted.
+func (w *scaleWorld) runJobDirect(org, job string) error {
+	ctx := context.Background()
+	c, err := w.bot.Claim(ctx, job)
+	if err != nil {
+		return err
+	}
+	key, err := gateway.OrgKey(gatewaySecret, org)
+	if err != nil {
+		return err
+	}
+	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL})
+	env := append([]string{
+		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + w.cfg.APIURL,
+		"GATEWAY_URL=" + w.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + w.cfg.WorkerModel,
+	}, w.cfg.WorkerEnv...)
+	for restarts := 0; ; restarts++ {
+		var stderr bytes.Buffer
+		st, err := w.rt.Exec(ctx, org, runtime.Command{Args: runJob, Env: env, Stdin: bytes.NewReader(assignment), Stderr: &stderr})
+		if errors.Is(err, runtime.ErrNotRunning) && restarts < 3 {
+			w.restarts.Add(1)
+			if _, err := w.rt.EnsureWorker(ctx, org); err != nil {
+				return fmt.Errorf("restart the worker of %s: %w", org, err)
+			}
+			continue
+		}
+		if err != nil || st.Code != 0 {
+			return fmt.Errorf("run-job %s of %s: %v %v\n%s", job, org, st, err, stderr.String())
+		}
+		return nil
+	}
 }
 
 // queueAndDrain queues per jobs for every org and waits until every one has a run-job
@@ -448,6 +489,9 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 		b.Fatalf("%d start or agent_start lines of %d jobs were not seen", unseen, len(all))
 	}
 	b.ReportMetric(float64(unseen), "lines-unseen")
+	if !dispatched {
+		b.ReportMetric(float64(w.restarts.Swap(0)), "worker-restarts")
+	}
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "jobs/s")
 	b.ReportMetric(elapsed.Seconds(), "run-s")
 	reportPercentiles(b, "claim-to-start", claimToStart)
