@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // mountTinyDisk mounts a 64 KiB tmpfs, a disk small enough to fill for real.
@@ -75,6 +77,7 @@ func TestWriteOnFullDisk(t *testing.T) {
 		}
 		return nil
 	})
+	full, other := testutil.ToFloat64(WriteErrors.WithLabelValues("disk_full")), testutil.ToFloat64(WriteErrors.WithLabelValues("other"))
 	for _, size := range []int{1, 100, 4096, 20_000, 100_000} {
 		for _, receipts := range []int{0, 3} {
 			err := Write(path, bytes.Repeat([]byte{'n'}, size), 0o600, WithReceipts(receipts))
@@ -89,8 +92,15 @@ func TestWriteOnFullDisk(t *testing.T) {
 		}
 	}
 	stopWatching()
+	// Each failed write is counted once, as the disk being full: what operators alert on.
+	if got := testutil.ToFloat64(WriteErrors.WithLabelValues("disk_full")) - full; got != 10 {
+		t.Errorf("hermes_file_write_errors_total{cause=\"disk_full\"} grew by %v over 10 failed writes", got)
+	}
+	if got := testutil.ToFloat64(WriteErrors.WithLabelValues("other")) - other; got != 0 {
+		t.Errorf("hermes_file_write_errors_total{cause=\"other\"} grew by %v", got)
+	}
 
-	// Once there is room again, the same write goes through.
+	// Once there is room again, the same write goes through, and is not counted.
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +109,9 @@ func TestWriteOnFullDisk(t *testing.T) {
 		t.Fatalf("after freeing space: %v", err)
 	}
 	assertContent(t, path, next)
+	if got := testutil.ToFloat64(WriteErrors.WithLabelValues("disk_full")) - full; got != 10 {
+		t.Errorf("a successful write was counted as failed: %v", got)
+	}
 }
 
 func TestReceiptsOnFullDisk(t *testing.T) {

@@ -100,7 +100,14 @@ const (
 	opPruneReceipts = "prune receipts"
 )
 
+// write is writeFile, its failure counted (WriteErrors).
 func (c *writeConfig) write(path string, data []byte, perm fs.FileMode) error {
+	err := c.writeFile(path, data, perm)
+	countWriteError(err)
+	return err
+}
+
+func (c *writeConfig) writeFile(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
 	if _, onDisk := c.fsys.(osFileSystem); onDisk {
 		top := dir

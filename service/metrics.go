@@ -9,14 +9,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"hermeshost/atomicfile"
 )
 
-// NewRegistry is a process's own Prometheus registry with the Go and process collectors.
+// NewRegistry is a process's own Prometheus registry with the Go and process collectors and
+// the process's failed file writes (atomicfile.WriteErrors).
 // Each server gets its own so that `dev`, which runs several in one process, keeps their
 // figures apart.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), atomicfile.WriteErrors)
 	return reg
 }
 

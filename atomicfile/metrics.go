@@ -1,0 +1,53 @@
+package atomicfile
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// WriteErrors counts this process's failed writes (Write and Restore), by the cause an
+// operator acts on: "disk_full" (no space or quota), "io" (the device failed or lost data),
+// "read_only", "permission" or "other". It is one collector for the whole process, which
+// every process's registry shows (service.NewRegistry registers it), so a full or failing
+// disk under any file the host writes (SOUL.md, a checkpoint, config.yaml, the gateway's
+// login) can be alerted on, whichever component wrote it.
+var WriteErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "hermes_file_write_errors_total",
+	Help: "Atomic file writes that failed, by cause (disk_full, io, read_only, permission, other); the previous content stayed in place unless the log says otherwise.",
+}, []string{"cause"})
+
+// writeErrorCauses are the label values, set to zero up front so a rate exists before the
+// first failure.
+var writeErrorCauses = []string{"disk_full", "io", "read_only", "permission", "other"}
+
+func init() {
+	for _, c := range writeErrorCauses {
+		WriteErrors.WithLabelValues(c)
+	}
+}
+
+// countWriteError records a failed write by its cause.
+func countWriteError(err error) {
+	if err == nil {
+		return
+	}
+	WriteErrors.WithLabelValues(writeErrorCause(err)).Inc()
+}
+
+func writeErrorCause(err error) string {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return "disk_full"
+	case errors.Is(err, syscall.EIO), errors.Is(err, io.ErrShortWrite), errors.Is(err, errSizeMismatch):
+		return "io"
+	case errors.Is(err, syscall.EROFS):
+		return "read_only"
+	case errors.Is(err, fs.ErrPermission):
+		return "permission"
+	}
+	return "other"
+}
