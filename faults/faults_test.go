@@ -655,7 +655,9 @@ func (s *suite) inject(p Planned) {
 		s.pg.start(s.t)
 		s.logf("postgres is back")
 	case FillHome:
+		from := time.Now()
 		s.fillFor(p.Kind, filepath.Join(s.orgsRoot, fullOrg), "the home of "+fullOrg, nil)
+		s.noteFullHome(ctx, from)
 	case FillCreds:
 		s.fillFor(p.Kind, s.credsDir, "the gateway's credentials", s.forceRefresh)
 	case StallAgent:
@@ -707,6 +709,17 @@ func (s *suite) fillFor(kind Kind, dir, what string, during func() string) {
 	s.logf("freed %s %s", what, note)
 }
 
+// noteFullHome says what the attempts of fullOrg that ended while its home was full said.
+func (s *suite) noteFullHome(ctx context.Context, from time.Time) {
+	var ended, full int
+	err := s.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE reason ILIKE '%disk%full%')
+		FROM hermes_host.claim_attempts WHERE org = $1 AND finished_at BETWEEN $2 AND now() AND outcome <> 'completed'`, fullOrg, from).Scan(&ended, &full)
+	note := fmt.Sprintf("fill-home: %d attempts of %s ended unfinished while its home was full, %d saying the disk was full (%v)", ended, fullOrg, full, err)
+	s.mu.Lock()
+	s.notes = append(s.notes, note)
+	s.mu.Unlock()
+}
+
 // forceRefresh makes the gateway refresh its login while its disk is full (each access
 // token lives 31 s and is refreshed 30 s before its end), and reports what its metrics say
 // of the write that failed.
@@ -723,8 +736,10 @@ func (s *suite) forceRefresh() string {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	failures := s.metric(s.gateway+"/metrics", "gateway_auth_persist_failures_total")
+	full := s.metric(s.gateway+"/metrics", `hermes_file_write_errors_total{cause="disk_full"}`)
 	s.mu.Lock()
-	s.notes = append(s.notes, fmt.Sprintf("fill-credentials: a model call answered %s; the gateway counts %s failed writes of its login", resp.Status, failures))
+	s.notes = append(s.notes, fmt.Sprintf("fill-credentials: a model call answered %s; the gateway counts %s failed writes of its login, %q writes failed on a full disk",
+		resp.Status, failures, full))
 	s.mu.Unlock()
 	if failures == "" || failures == "0" {
 		s.t.Errorf("the gateway's login could not be written (disk full) but its metrics count no failure (%q)", failures)
@@ -732,7 +747,8 @@ func (s *suite) forceRefresh() string {
 	return "(failed writes of the login: " + failures + ")"
 }
 
-// metric is the value of a metric without labels from a /metrics page, "" when absent.
+// metric is the value of a series (its name with its labels, as the page writes them) from
+// a /metrics page, "" when absent.
 func (s *suite) metric(u, name string) string {
 	resp, err := http.Get(u)
 	if err != nil {
