@@ -1273,7 +1273,7 @@ func TestARestartedDispatcherRunsTheJobsOfTheWorkersItAdopts(t *testing.T) {
 		jobs = append(jobs, id)
 	}
 	for _, id := range jobs {
-		if status, reason := s.waitJob(id, time.Minute); status != sartiq.StatusCompleted {
+		if status, reason := s.waitJob(id, 3*time.Minute); status != sartiq.StatusCompleted {
 			t.Errorf("job %s of umbrella after the restart: %s %s", id, status, reason)
 		}
 	}
