@@ -62,6 +62,10 @@ type Docker struct {
 	log      *slog.Logger
 	locks    unitLocks
 	net      netPlan
+	// images are the IDs the configured images had when the runtime started, by role: a
+	// unit of another image (an adopted one, from before an upgrade) is replaced when next
+	// ensured.
+	images map[Role]string
 
 	mu    sync.Mutex
 	units map[string]*dockerUnit // by container name: what this process knows it runs
@@ -116,17 +120,21 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 	if _, err := cli.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("docker engine at %s: %w", cli.DaemonHost(), err)
 	}
-	for _, image := range []string{cfg.WorkerImage, cfg.DashboardImage} {
-		if _, err := cli.ImageInspect(ctx, image); err != nil {
+	images := map[Role]string{}
+	for role, image := range map[Role]string{RoleWorker: cfg.WorkerImage, RoleDashboard: cfg.DashboardImage} {
+		info, err := cli.ImageInspect(ctx, image)
+		if err != nil {
 			return nil, fmt.Errorf("image %s on %s: %w", image, cli.DaemonHost(), err)
 		}
+		images[role] = info.ID
 	}
 	plan, err := cfg.netPlan()
 	if err != nil {
 		return nil, err
 	}
 	d := &Docker{
-		net: plan,
+		net:    plan,
+		images: images,
 		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
 		// replaced (hermes-host worker sweep).
 		sweepCmd: append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
@@ -252,7 +260,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	defer d.locks.lock(name)()
 
 	unit := Unit{Org: org, Role: role, Name: name, Running: true}
-	id, err := d.running(ctx, name, dirs)
+	id, err := d.running(ctx, name, role, dirs)
 	if err != nil {
 		return Ensured{}, err
 	}
@@ -274,10 +282,11 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	return Ensured{Unit: unit, Cold: true}, nil
 }
 
-// running returns the ID of the named container when it is running, is this instance's and
-// binds the current SOUL.md; any other container of that name in this scope is removed, and
-// one of another scope is left alone and reported as ErrNameTaken.
-func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string, error) {
+// running returns the ID of the named container when it is running, is this instance's,
+// binds the current SOUL.md and runs the role's current image; any other container of
+// that name in this scope is removed, and one of another scope is left alone and reported
+// as ErrNameTaken.
+func (d *Docker) running(ctx context.Context, name string, role Role, dirs orgDirs) (string, error) {
 	info, err := d.cli.ContainerInspect(ctx, name)
 	if cerrdefs.IsNotFound(err) {
 		d.forget(name, "")
@@ -300,6 +309,10 @@ func (d *Docker) running(ctx context.Context, name string, dirs orgDirs) (string
 		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
 	case labels[labelSoul] != fileIdentity(dirs.soul):
 		reason = "SOUL.md replaced"
+	case info.Image != d.images[role]:
+		// Started from an image the host has since replaced (an upgrade): the unit runs
+		// the old programs until it is made again.
+		reason = "image " + shortID(strings.TrimPrefix(info.Image, "sha256:")) + " is not the current " + shortID(strings.TrimPrefix(d.images[role], "sha256:"))
 	case info.HostConfig == nil || string(info.HostConfig.NetworkMode) != d.networkMode():
 		// Started by a host of other settings (or before units left the host's network).
 		reason = "not on network " + d.networkMode()

@@ -187,6 +187,56 @@ func TestDockerRecreatesWorkerWhenSoulReplaced(t *testing.T) {
 	}
 }
 
+// An upgrade replaces the image: a unit adopted from before it runs the old programs, so it
+// is made again from the current image when next ensured, and only then.
+func TestDockerReplacesAUnitOfAnOlderImage(t *testing.T) {
+	requireEngine(t)
+	ctx := t.Context()
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "upgrade")
+	old := mustEnsureWorker(t, rt, org)
+
+	upgraded := suite.image + "-upgraded"
+	if _, err := BuildScratchImage(ctx, suite.engine, ScratchImage{
+		Tag: upgraded, Binaries: []string{suite.agent}, Cmd: []string{"testagent", "idle"},
+		Labels: map[string]string{"hermes.test": "runtime", "hermes.test.version": "2"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = suite.engine.ContainerRemove(ctx, UnitName(org, RoleWorker), container.RemoveOptions{Force: true})
+		_, _ = suite.engine.ImageRemove(ctx, upgraded, image.RemoveOptions{Force: true, PruneChildren: true})
+	})
+	want, err := suite.engine.ImageInspect(ctx, upgraded)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The same instance started again on the new image (the dispatcher after an upgrade).
+	next := cfg
+	next.WorkerImage = upgraded
+	rt2 := dockerHarness().start(t, next)
+	got := mustEnsureWorker(t, rt2, org)
+	if !got.Cold || got.ID == old.ID {
+		t.Fatalf("ensure on the upgraded image = %+v, want a new container in place of %s", got, old.ID)
+	}
+	info, err := suite.engine.ContainerInspect(ctx, got.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Image != want.ID {
+		t.Errorf("the new worker runs image %s, want the upgraded %s", info.Image, want.ID)
+	}
+	if _, err := suite.engine.ContainerInspect(ctx, old.ID); err == nil {
+		t.Error("the worker of the old image is still there")
+	}
+	if again := mustEnsureWorker(t, rt2, org); again.Cold {
+		t.Error("a worker already on the current image was made again")
+	}
+}
+
 func TestDetect(t *testing.T) {
 	t.Run("NoEngineMeansProcess", func(t *testing.T) {
 		t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
