@@ -212,7 +212,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: s.network, Services: services, RunRoot: s.runRoot, BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
 		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
-		Sandbox: runtime.Sandbox{Mode: s.sandbox}, Output: s.output,
+		Sandbox: runtime.Sandbox{Mode: s.sandbox}, Output: s.output, FollowLogs: s.output != nil, // dev shows every unit's lines
 		InstanceLive: func(ctx context.Context, instance string) (bool, error) {
 			return instanceLive(ctx, leases, instance)
 		},

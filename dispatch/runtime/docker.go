@@ -69,6 +69,13 @@ type Docker struct {
 
 	mu    sync.Mutex
 	units map[string]*dockerUnit // by container name: what this process knows it runs
+
+	// followed are the containers whose logs are being copied to Output (FollowLogs), by
+	// ID; stopFollowing ends every copy (Close).
+	followed      map[string]bool
+	following     context.Context
+	stopFollowing context.CancelFunc
+	followers     sync.WaitGroup
 }
 
 type dockerUnit struct {
@@ -133,8 +140,9 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		return nil, err
 	}
 	d := &Docker{
-		net:    plan,
-		images: images,
+		net:      plan,
+		images:   images,
+		followed: map[string]bool{},
 		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
 		// replaced (hermes-host worker sweep).
 		sweepCmd: append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
@@ -143,11 +151,14 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		log:      cfg.Logger.With("runtime", "docker"),
 		units:    make(map[string]*dockerUnit),
 	}
+	d.following, d.stopFollowing = context.WithCancel(context.Background())
 	if err := d.ensureNetwork(ctx); err != nil {
+		d.stopFollowing()
 		plan.close()
 		return nil, err
 	}
 	if err := d.adopt(ctx); err != nil {
+		d.stopFollowing()
 		plan.close()
 		return nil, err
 	}
@@ -161,7 +172,44 @@ func (d *Docker) Kind() string { return "docker" }
 // containers running for adoption (the next start serves their sockets again).
 func (d *Docker) Close() error {
 	d.net.close()
+	d.stopFollowing()
+	d.followers.Wait()
 	return d.cli.Close()
+}
+
+// follow copies the output of container id (named name) to Output until it stops or the
+// runtime closes, once per container, when FollowLogs is set.
+func (d *Docker) follow(id, name string) {
+	if !d.cfg.FollowLogs {
+		return
+	}
+	d.mu.Lock()
+	if d.followed[id] || d.following.Err() != nil {
+		d.mu.Unlock()
+		return
+	}
+	d.followed[id] = true
+	d.followers.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer d.followers.Done()
+		defer func() {
+			d.mu.Lock()
+			delete(d.followed, id)
+			d.mu.Unlock()
+		}()
+		// From now on: an adopted container's earlier lines were shown by whoever ran it.
+		r, err := d.cli.ContainerLogs(d.following, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: true,
+			Since: strconv.FormatInt(d.cfg.Now().Unix(), 10)})
+		if err != nil {
+			if d.following.Err() == nil {
+				d.log.Warn("follow a container's output", "container", name, "err", err)
+			}
+			return
+		}
+		defer r.Close()
+		_, _ = stdcopy.StdCopy(d.cfg.Output, d.cfg.Output, r)
+	}()
 }
 
 // ServiceURL implements Runtime.
@@ -266,6 +314,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	}
 	if id != "" {
 		unit.ID = id
+		d.follow(id, name)
 		d.cfg.Metrics.ensured(d.Kind(), role, false)
 		return Ensured{Unit: unit}, nil
 	}
@@ -274,6 +323,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 		return Ensured{}, err
 	}
 	unit.ID = id
+	d.follow(id, name)
 	d.mu.Lock()
 	d.units[name] = &dockerUnit{id: id, lastUsed: d.cfg.Now()}
 	d.mu.Unlock()

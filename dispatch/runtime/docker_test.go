@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -234,6 +235,50 @@ func TestDockerReplacesAUnitOfAnOlderImage(t *testing.T) {
 	}
 	if again := mustEnsureWorker(t, rt2, org); again.Cold {
 		t.Error("a worker already on the current image was made again")
+	}
+}
+
+// With FollowLogs (dev) what a container's program prints reaches Output, as a Process
+// unit's does; without it (production) only the engine's logs keep it.
+func TestDockerFollowsItsUnitsOutputWhenAsked(t *testing.T) {
+	requireEngine(t)
+	for _, follow := range []bool{true, false} {
+		var out testio.Buffer
+		cfg := testConfig(t, nil)
+		cfg.Output, cfg.FollowLogs = &out, follow
+		rt := dockerHarness().start(t, cfg)
+		org := newOrg(t, cfg, fmt.Sprintf("follow-%t", follow))
+		// A dashboard that cannot reach its address says so on stderr and exits.
+		if _, err := rt.EnsureDashboard(testContext(t), org, Dashboard{Args: []string{"testagent", "dashboard", "127.0.0.1:1"}}); err != nil {
+			t.Fatal(err)
+		}
+		said := func() bool { return strings.Contains(out.String(), "testagent: dial tcp 127.0.0.1:1") }
+		if follow {
+			deadline := time.Now().Add(30 * time.Second)
+			for !said() && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !said() {
+				t.Errorf("with FollowLogs the dashboard's stderr did not reach Output: %q", out.String())
+			}
+			continue
+		}
+		info, err := suite.engine.ContainerInspect(testContext(t), UnitName(org, RoleDashboard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for info.State.Running {
+			time.Sleep(50 * time.Millisecond)
+			if info, err = suite.engine.ContainerInspect(testContext(t), info.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := rt.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if out.String() != "" {
+			t.Errorf("without FollowLogs Output received %q", out.String())
+		}
 	}
 }
 

@@ -225,8 +225,13 @@ type Config struct {
 	// value uses bubblewrap where it works and says loudly where it does not.
 	Sandbox Sandbox
 	// Output receives what Process workers and dashboards print outside an exec;
-	// default os.Stderr.
+	// default os.Stderr. Docker containers' output goes to the engine's logs (docker logs),
+	// and to Output as well with FollowLogs.
 	Output io.Writer
+	// FollowLogs copies the output of the Docker containers this runtime starts or adopts
+	// to Output while they run (dev, whose terminal shows every unit's lines); without it
+	// the engine's logging driver alone keeps them, as production wants.
+	FollowLogs bool
 
 	Logger  *slog.Logger // default slog.Default()
 	Metrics *Metrics     // default unregistered metrics
