@@ -152,7 +152,8 @@ func (d *dockerd) start() error {
 		"--iptables=false", "--ip-masq=false", "--bridge=none",
 		"--default-address-pool", "base=10.213.0.0/16,size=24")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Should the test process die, the daemon stops (and stops its containers).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -405,6 +406,8 @@ func (p *proc) startOnce() error {
 	cmd := exec.Command(p.argv[0], p.argv[1:]...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// Should the test process die (go test's -timeout runs no cleanup), so do they.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		p.mu.Unlock()
 		logf.Close()
