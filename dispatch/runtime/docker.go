@@ -313,6 +313,12 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 		return Ensured{}, err
 	}
 	if id != "" {
+		// A unit found running (adopted after a restart, say) still needs this process to
+		// serve its sockets: the last one's went with it.
+		uid, gid, _ := parseUser(d.cfg.User)
+		if _, _, err := d.net.ensure(org, uid, gid); err != nil {
+			return Ensured{}, err
+		}
 		unit.ID = id
 		d.follow(id, name)
 		d.cfg.Metrics.ensured(d.Kind(), role, false)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"hermeshost/internal/testio"
+	"hermeshost/internal/unitnet"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
@@ -279,6 +281,36 @@ func TestDockerFollowsItsUnitsOutputWhenAsked(t *testing.T) {
 		if out.String() != "" {
 			t.Errorf("without FollowLogs Output received %q", out.String())
 		}
+	}
+}
+
+// A dispatcher restarted under its instance adopts its org units, and serves their sockets
+// again: what they reach of the host (the backend, the gateway) goes with the process that
+// served it, so an adopted worker whose sockets were not served again could only crash.
+func TestDockerServesAnAdoptedUnitsSocketsAgain(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	removeNetworkAtEnd(t, ownScope(&cfg, "adopt"))
+	cfg.RunRoot = filepath.Join(t.TempDir(), "run")
+	cfg.Services = map[string]http.Handler{"api": http.NotFoundHandler()}
+	org := newOrg(t, cfg, "adopted-sockets")
+	socket := unitnet.Dir + "/api.sock"
+	first := dockerHarness().start(t, cfg)
+	was := mustEnsureWorker(t, first, org)
+	if out, _, _ := run(t, first, org, "", nil, "testagent", "dial", "unix", socket); out != socket+": connected\n" {
+		t.Fatalf("the worker's socket before the restart: %q", out)
+	}
+	if err := first.Close(); err != nil { // the worker stays, for the next start to adopt
+		t.Fatal(err)
+	}
+
+	next := dockerHarness().start(t, cfg)
+	now := mustEnsureWorker(t, next, org)
+	if now.Cold || now.ID != was.ID {
+		t.Fatalf("ensure after the restart = %+v, want the adopted worker %s", now, was.ID)
+	}
+	if out, _, _ := run(t, next, org, "", nil, "testagent", "dial", "unix", socket); out != socket+": connected\n" {
+		t.Errorf("the adopted worker's socket: %q, want it served again", out)
 	}
 }
 
