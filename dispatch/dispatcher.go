@@ -39,9 +39,10 @@ var JobTypes = []string{sartiq.TypeProductIngest, sartiq.TypeGuidelinesExtractio
 
 // Defaults for Config's zero values.
 const (
-	DefaultLeaseTTL    = 15 * time.Second
-	DefaultMaxOrgs     = 32
-	DefaultMaxAttempts = 3
+	DefaultLeaseTTL     = 15 * time.Second
+	DefaultMaxOrgs      = 32
+	DefaultMaxAttempts  = 3
+	DefaultCrashBackoff = 10 * time.Second
 	// maxPages bounds one poll's pages per type (100 jobs each).
 	maxPages = 50
 )
@@ -92,6 +93,11 @@ type Config struct {
 	// MaxAttempts is how many crashed or failed runs a job may have; past it recovery
 	// re-claims the stale job and fails it with the reason.
 	MaxAttempts int
+	// CrashBackoff spaces the attempts of a job whose runs keep crashing (10s): the first
+	// crash is run again at once, the second after CrashBackoff, each later one after three
+	// times the wait before (at most 5 minutes), so that a passing trouble (a full disk, a
+	// restarting service) does not use up MAX_ATTEMPTS in seconds. The org waits meanwhile.
+	CrashBackoff time.Duration
 	// LeaseTTL is the lifetime of the org: and home: leases, refreshed every third of it.
 	LeaseTTL time.Duration
 	// MaxOrgs is how many orgs this dispatcher owns at once.
@@ -152,6 +158,24 @@ const (
 	maxBackoff = 5 * time.Minute
 )
 
+// crashBackoff is how long an org waits before the next attempt of a job with crashed
+// crashed runs: none after the first, base after the second, three times more after each
+// later one, at most maxBackoff.
+func crashBackoff(crashed int, base time.Duration) time.Duration {
+	wait := time.Duration(0)
+	for i := 2; i <= crashed; i++ {
+		if wait == 0 {
+			wait = base
+		} else {
+			wait *= 3
+		}
+		if wait >= maxBackoff {
+			return maxBackoff
+		}
+	}
+	return wait
+}
+
 // backoffStep is half the next wait of org (the caller holds mu).
 func (d *Dispatcher) backoffStep(org string) time.Duration {
 	if b, ok := d.backoff[org]; ok {
@@ -181,6 +205,9 @@ func New(cfg Config) *Dispatcher {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.CrashBackoff <= 0 {
+		cfg.CrashBackoff = DefaultCrashBackoff
 	}
 	if cfg.OrgIdle <= 0 {
 		cfg.OrgIdle = 4 * cfg.LeaseTTL

@@ -148,7 +148,15 @@ func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger
 		return
 	}
 	d.metrics.crashesEnded.WithLabelValues("released").Inc()
-	log.Warn("attempt crashed: the job is queued again", "attempt", c.Job.Attempt, "crashed_attempts", crashed, "reason", reason)
+	wait := crashBackoff(crashed, d.cfg.CrashBackoff)
+	if wait > 0 {
+		// The org's runs keep crashing: whatever is wrong may pass (a full disk, a service
+		// restarting) before the last attempt is used.
+		d.mu.Lock()
+		d.backoff[c.OrganizationID] = backoff{until: time.Now().Add(wait), step: minBackoff / 2}
+		d.mu.Unlock()
+	}
+	log.Warn("attempt crashed: the job is queued again", "attempt", c.Job.Attempt, "crashed_attempts", crashed, "reason", reason, "next_in", wait.String())
 	return sartiq.StatusQueued, reason, true
 }
 

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -221,4 +222,57 @@ func TestTheDispatchersControlAPIKeepsOrgsApart(t *testing.T) {
 		t.Fatalf("the control API without a key: %d", resp.StatusCode)
 	}
 	r.stop(t, 30*time.Second)
+}
+
+// A job whose runs keep crashing is run again at once after its first crash, then spaced
+// out: a passing trouble does not use up MAX_ATTEMPTS in seconds.
+func TestCrashedAttemptsAreSpacedOutAfterTheFirst(t *testing.T) {
+	f := newFixture(t, true)
+	f.backend.Clock.Follow()
+	f.cfg.ClaimEnabled, f.cfg.MaxAttempts, f.cfg.CrashBackoff = true, 3, 2*time.Second
+	writeKnobs(t, f, "acme", &scriptedagent.Knobs{CrashAtWrite: 1})
+	d := f.dispatcher(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Run(ctx, dispatch.RunOptions{Poll: 100 * time.Millisecond})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	var job string
+	if err := f.backend.DB.QueryRow(ctx, `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' ORDER BY created_at, id LIMIT 1`).Scan(&job); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "acme's first job to fail at MAX_ATTEMPTS", func() bool { return jobStatus(t, f, job) == sartiq.StatusFailed })
+	at := map[string]time.Time{}
+	events, err := f.cfg.Bot.ListEvents(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events {
+		if e.Kind == sartiq.EventClaim || e.Kind == sartiq.EventCrash {
+			at[fmt.Sprintf("%s@%d", e.Kind, e.Attempt)] = e.At
+		}
+	}
+	if len(at) != 6 {
+		t.Fatalf("the job's claims and crashes: %v, want three of each", at)
+	}
+	// Attempt 2 at once (well under the backoff), attempt 3 only after it.
+	if gap := at["claim@2"].Sub(at["crash@1"]); gap >= f.cfg.CrashBackoff {
+		t.Errorf("attempt 2 was claimed %s after the first crash, want at once", gap)
+	}
+	if gap := at["claim@3"].Sub(at["crash@2"]); gap < f.cfg.CrashBackoff {
+		t.Errorf("attempt 3 was claimed %s after the second crash, want at least CrashBackoff (%s)", gap, f.cfg.CrashBackoff)
+	}
+}
+
+func TestCrashBackoffGrowsThreefoldToItsCap(t *testing.T) {
+	for crashed, want := range map[int]time.Duration{1: 0, 2: 10 * time.Second, 3: 30 * time.Second, 4: 90 * time.Second, 5: 270 * time.Second, 6: 5 * time.Minute, 40: 5 * time.Minute} {
+		if got := dispatch.CrashBackoff(crashed, 10*time.Second); got != want {
+			t.Errorf("crashBackoff(%d) = %s, want %s", crashed, got, want)
+		}
+	}
 }

@@ -1,0 +1,4 @@
+package dispatch
+
+// CrashBackoff is crashBackoff, for the tests of package dispatch_test.
+var CrashBackoff = crashBackoff
