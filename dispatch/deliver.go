@@ -125,17 +125,32 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 	if outcome == "crashed" && d.hard.Err() == nil {
 		status, jobReason, requeued = d.endCrashed(c, reason, log)
 	}
+	// The record is tried again for a while: Postgres restarting must not lose it (the
+	// backend's log has the outcome either way, and a later owner reconciles a row left open).
+	record, stopRecording := context.WithTimeout(context.WithoutCancel(ctx), recordOutcomeFor)
+	defer stopRecording()
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := pgx.BeginFunc(record, d.cfg.DB, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(record, `UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2`,
+				c.Job.ID, c.Job.Attempt, outcome, reason); err != nil {
+				return err
+			}
+			return d.mirror.Finished(record, tx, c.Job.ID, status, jobReason, result)
+		})
+		if err == nil {
+			break
+		}
+		select {
+		case <-record.Done():
+			log.Error("record outcome", "err", err)
+		case <-time.After(wait):
+			log.Warn("record outcome: trying again", "err", err, "in", wait.String())
+			continue
+		}
+		break
+	}
 	rec, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := pgx.BeginFunc(rec, d.cfg.DB, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(rec, `UPDATE claim_attempts SET outcome = $3, reason = NULLIF($4, ''), finished_at = now() WHERE job_id = $1 AND attempt = $2`,
-			c.Job.ID, c.Job.Attempt, outcome, reason); err != nil {
-			return err
-		}
-		return d.mirror.Finished(rec, tx, c.Job.ID, status, jobReason, result)
-	}); err != nil {
-		log.Error("record outcome", "err", err)
-	}
 	// run-job has ended, and the agent with it: its subagents will never report. Fenced by
 	// the home lease, so a run that lost it leaves the children of the attempt that took
 	// over alone (recovery failed this run's when it re-claimed the job).
@@ -280,6 +295,10 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	}
 	return status, out.Reason, result
 }
+
+// recordOutcomeFor is how long a delivery tries to record its run's outcome in the host's
+// database (a Postgres restart takes seconds).
+const recordOutcomeFor = 30 * time.Second
 
 // stderrKept is how much of a worker's stderr the dispatcher keeps: the end, for the log
 // when the worker fails.

@@ -176,3 +176,54 @@ func TestAKilledWorkersJobRunsAgainWithinOnePollWhileItsDispatcherLives(t *testi
 		t.Errorf("claim_attempts of the killed job: %+v, want one crash, then completed", got)
 	}
 }
+
+// The outcome of a run is recorded even when the host's database refuses it for a while (a
+// Postgres restart): the delivery tries again until it is written.
+func TestARunsOutcomeIsRecordedAfterTheDatabaseRefusedItForAWhile(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
+	d := f.dispatcher(t)
+	t.Cleanup(func() { d.Shutdown(0, 10*time.Second) })
+	ctx := t.Context()
+	if _, err := d.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var job string
+	if err := f.backend.DB.QueryRow(ctx, `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' AND status IN ('CLAIMED', 'RUNNING')`).Scan(&job); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "acme's agent to start", func() bool {
+		var ok bool
+		err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM mirror_job_events WHERE job_id = $1 AND kind = 'agent_start')`, job).Scan(&ok)
+		return err == nil && ok
+	})
+	// The outcome's write is refused, as by a database that is down.
+	if _, err := f.db.Exec(ctx, `REVOKE UPDATE ON claim_attempts FROM CURRENT_USER`); err != nil {
+		t.Fatal(err)
+	}
+	granted := false
+	grant := func() {
+		if !granted {
+			granted = true
+			if _, err := f.db.Exec(context.Background(), `GRANT UPDATE ON claim_attempts TO CURRENT_USER`); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(grant)
+	if err := syscall.Kill(runJobPID(t, "acme"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the delivery to try the record again", func() bool {
+		return strings.Contains(f.logs.String(), `"msg":"record outcome: trying again"`)
+	})
+	grant()
+	waitFor(t, 20*time.Second, "the outcome to be recorded", func() bool {
+		a := attemptsOf(t, f, job)
+		return len(a) == 1 && a[0].Outcome == "crashed"
+	})
+	if strings.Contains(f.logs.String(), `"msg":"record outcome","`) {
+		t.Errorf("the record was given up:\n%s", f.logs.String())
+	}
+}
