@@ -604,21 +604,31 @@ func (w *benchWorld) runDirect(b *testing.B, orgs []string, per int) {
 	}
 }
 
-func (w *benchWorld) runJob(org, job string) error {
-	ctx := context.Background()
+// claimBare claims job of org with the bot and makes what a bare `worker run-job` is given
+// for it, as the dispatcher would give it: the environment and the assignment.
+func (w *benchWorld) claimBare(ctx context.Context, org, job string) (env []string, assignment []byte, err error) {
 	c, err := w.bot.Claim(ctx, job)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	key, err := gateway.OrgKey(gatewaySecret, org)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL})
-	env := append([]string{
+	assignment, _ = json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL})
+	env = append([]string{
 		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + w.cfg.APIURL,
 		"GATEWAY_URL=" + w.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + w.cfg.WorkerModel,
 	}, w.cfg.WorkerEnv...)
+	return env, assignment, nil
+}
+
+func (w *benchWorld) runJob(org, job string) error {
+	ctx := context.Background()
+	env, assignment, err := w.claimBare(ctx, org, job)
+	if err != nil {
+		return err
+	}
 	var stderr bytes.Buffer
 	st, err := w.rt.Exec(ctx, org, runtime.Command{Args: runJob, Env: env, Stdin: bytes.NewReader(assignment), Stderr: &stderr})
 	if err != nil || st.Code != 0 {

@@ -37,7 +37,6 @@ import (
 	"hermeshost/sartiq/backend"
 	"hermeshost/sartiq/backend/backendtest"
 	"hermeshost/scriptedagent"
-	"hermeshost/worker"
 )
 
 // benchScale lets the scale run go (minutes per runtime); `make bench` sets it.
@@ -357,19 +356,10 @@ func (w *scaleWorld) queueAndRunDirect(b *testing.B, per int) map[string][]strin
 // dispatcher's next delivery would; such restarts are counted.
 func (w *scaleWorld) runJobDirect(org, job string) error {
 	ctx := context.Background()
-	c, err := w.bot.Claim(ctx, job)
+	env, assignment, err := w.claimBare(ctx, org, job)
 	if err != nil {
 		return err
 	}
-	key, err := gateway.OrgKey(gatewaySecret, org)
-	if err != nil {
-		return err
-	}
-	assignment, _ := json.Marshal(worker.Assignment{Job: c.Job, OrganizationID: c.OrganizationID, ManifestURL: c.ManifestURL})
-	env := append([]string{
-		"SARTIQ_TOKEN=" + c.JobToken, "SARTIQ_API_URL=" + w.cfg.APIURL,
-		"GATEWAY_URL=" + w.cfg.GatewayURL, "GATEWAY_KEY=" + key, "WORKER_MODEL=" + w.cfg.WorkerModel,
-	}, w.cfg.WorkerEnv...)
 	for restarts := 0; ; restarts++ {
 		var stderr bytes.Buffer
 		st, err := w.rt.Exec(ctx, org, runtime.Command{Args: runJob, Env: env, Stdin: bytes.NewReader(assignment), Stderr: &stderr})
