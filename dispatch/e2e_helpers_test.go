@@ -308,6 +308,25 @@ func runKinds(t *testing.T, f *fixture, job string) []string {
 	return kinds
 }
 
+// stallAcme has a new dispatcher claim the demo jobs, acme's agent stalling before its
+// first write, and returns the dispatcher (shut down when the test ends) and acme's job.
+func stallAcme(t *testing.T, f *fixture) (*dispatch.Dispatcher, string) {
+	t.Helper()
+	f.cfg.ClaimEnabled = true
+	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
+	d := f.dispatcher(t)
+	// A failed test must not leave the stalled delivery running.
+	t.Cleanup(func() { d.Shutdown(0, 10*time.Second) })
+	if n, err := d.Cycle(t.Context()); err != nil || n != 2 {
+		t.Fatalf("first cycle started %d jobs (%v), want one per org", n, err)
+	}
+	var job string
+	if err := f.backend.DB.QueryRow(t.Context(), `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' AND status IN ('CLAIMED', 'RUNNING')`).Scan(&job); err != nil {
+		t.Fatalf("acme's claimed job: %v", err)
+	}
+	return d, job
+}
+
 // killMidJob is the crash scenario every runtime must survive. acme's first job stalls in
 // its agent; once the job is RUNNING there, kill kills the worker with SIGKILL. The
 // dispatcher, alive and holding the job token, must end attempt 1 at once: recorded
@@ -317,20 +336,8 @@ func runKinds(t *testing.T, f *fixture, job string) []string {
 // counted once. It returns attempt 1's reason.
 func killMidJob(t *testing.T, f *fixture, kill func(t *testing.T)) string {
 	t.Helper()
-	f.cfg.ClaimEnabled = true
-	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
-	d := f.dispatcher(t)
-	// A failed test must not leave the stalled delivery running.
-	t.Cleanup(func() { d.Shutdown(0, 10*time.Second) })
+	d, job := stallAcme(t, f)
 	ctx := t.Context()
-
-	if n, err := d.Cycle(ctx); err != nil || n != 2 {
-		t.Fatalf("first cycle started %d jobs (%v), want one per org", n, err)
-	}
-	var job string
-	if err := f.backend.DB.QueryRow(ctx, `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' AND status IN ('CLAIMED', 'RUNNING')`).Scan(&job); err != nil {
-		t.Fatalf("acme's claimed job: %v", err)
-	}
 	waitFor(t, 30*time.Second, "acme's agent to run the job", func() bool {
 		var running bool
 		err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM mirror_job_events WHERE job_id = $1 AND attempt = 1 AND kind = 'agent_start')`, job).Scan(&running)

@@ -181,18 +181,8 @@ func TestAKilledWorkersJobRunsAgainWithinOnePollWhileItsDispatcherLives(t *testi
 // Postgres restart): the delivery tries again until it is written.
 func TestARunsOutcomeIsRecordedAfterTheDatabaseRefusedItForAWhile(t *testing.T) {
 	f := newFixture(t, true)
-	f.cfg.ClaimEnabled = true
-	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
-	d := f.dispatcher(t)
-	t.Cleanup(func() { d.Shutdown(0, 10*time.Second) })
+	_, job := stallAcme(t, f)
 	ctx := t.Context()
-	if _, err := d.Cycle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var job string
-	if err := f.backend.DB.QueryRow(ctx, `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' AND status IN ('CLAIMED', 'RUNNING')`).Scan(&job); err != nil {
-		t.Fatal(err)
-	}
 	waitFor(t, 30*time.Second, "acme's agent to start", func() bool {
 		var ok bool
 		err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM mirror_job_events WHERE job_id = $1 AND kind = 'agent_start')`, job).Scan(&ok)

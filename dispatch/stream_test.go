@@ -14,7 +14,6 @@ import (
 
 	"hermeshost/dispatch/runtime"
 	"hermeshost/sartiq"
-	"hermeshost/scriptedagent"
 )
 
 // brokenStream is a fault injector around a real runtime: the first exec of org runs on
@@ -111,21 +110,11 @@ func (c *cutOff) Write(p []byte) (int, error) {
 // job completes once; the crash is counted once.
 func TestARunThatLostItsExecStreamCannotWriteAfterTheNextAttemptStarts(t *testing.T) {
 	f := newFixture(t, true)
-	f.cfg.ClaimEnabled = true
 	cut := &brokenStream{Runtime: f.cfg.Runtime, org: "acme"}
 	f.cfg.Runtime = cut
 	// The first attempt's agent stalls before its first write, still heartbeating.
-	writeKnobs(t, f, "acme", &scriptedagent.Knobs{StallAtWrite: 1})
-	d := f.dispatcher(t)
-	t.Cleanup(func() { d.Shutdown(0, 10*time.Second) })
+	d, job := stallAcme(t, f)
 	ctx := t.Context()
-	if _, err := d.Cycle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var job string
-	if err := f.backend.DB.QueryRow(ctx, `SELECT id::text FROM agent_jobs WHERE organization_id = 'acme' AND status IN ('CLAIMED', 'RUNNING')`).Scan(&job); err != nil {
-		t.Fatalf("acme's claimed job: %v", err)
-	}
 	waitFor(t, 30*time.Second, "acme's first attempt to be ended", func() bool {
 		a := attemptsOf(t, f, job)
 		return len(a) == 1 && a[0].Outcome != ""
