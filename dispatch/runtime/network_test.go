@@ -135,7 +135,11 @@ func TestDockerUnitsAreOnTheHostsOwnNetwork(t *testing.T) {
 		t.Errorf("the socket answered %q", body)
 	}
 
-	// The next runtime adopts the network and the worker.
+	// The next runtime, after this one stopped (one dispatcher of an instance runs at a
+	// time), adopts the network and the worker, and serves its sockets again.
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
 	again, err := NewDocker(ctx, cfg)
 	if err != nil {
 		t.Fatalf("a second runtime of the scope: %v", err)
