@@ -406,9 +406,21 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 		}
 		return StateFailed, err.Error(), "", ""
 	}
-	defer r.release(sessionLease)
-	homeLease, err := r.acquire(ctx, t, "home:"+r.cfg.Org, holder)
+	defer func() { r.release(sessionLease) }()
+	// The session's lease is kept while the turn waits for the home, which a job may hold
+	// for as long as it runs: a lease left to expire meanwhile would be lost.
+	held := []control.Lease{sessionLease}
+	waitCtx, stopWaiting := context.WithCancelCause(ctx)
+	waited := r.keep(waitCtx, stopWaiting, held...)
+	homeLease, err := r.acquire(waitCtx, t, "home:"+r.cfg.Org, holder)
+	lost := context.Cause(waitCtx)
+	stopWaiting(nil)
+	<-waited
+	sessionLease = held[0]
 	if err != nil {
+		if errors.Is(lost, errLeaseLost) {
+			return StateFailed, lost.Error(), "", ""
+		}
 		if ctx.Err() != nil {
 			return stopped()
 		}

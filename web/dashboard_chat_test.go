@@ -324,6 +324,20 @@ func TestATurnWaitsForAJobsHomeAndASecondQueuedOneIsRefused(t *testing.T) {
 		t.Fatalf("second waiting turn %+v", got)
 	}
 
+	// The job runs on past the turn's lease TTL (3s), and the sweeper a dispatcher runs ends
+	// leases past their expiry: the waiting turn keeps its session's lease meanwhile,
+	// rather than losing it.
+	for range 3 {
+		time.Sleep(3 * time.Second)
+		if _, err := d.leases.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := d.runner.Get(waiting); got.State != chat.StateQueued {
+		t.Fatalf("a turn waiting past its lease TTL: %+v", got)
+	}
+	// Its run lasts past its first refresh (a third of the TTL), when a lost lease shows.
+	acme.write("scripted-agent.json", `{"chat_step_ms": 700}`)
 	if err := d.leases.Release(ctx, job); err != nil {
 		t.Fatal(err)
 	}
