@@ -124,8 +124,16 @@ func printCommand(w io.Writer, cmd *Command, name string, fs *flag.FlagSet) {
 		env := append([]config.Var(nil), cmd.Env...)
 		sort.Slice(env, func(i, j int) bool { return env[i].Name < env[j].Name })
 		fmt.Fprintf(w, "\nEnvironment:\n")
+		example := "" // a secret's file form, when the command reads a secret
 		for _, v := range env {
 			fmt.Fprintf(w, "  %-20s %s%s\n", v.Name, v.Usage, describeDefault(v))
+			if v.Secret && example == "" {
+				example = v.FileVar()
+			}
+		}
+		if example != "" {
+			fmt.Fprintf(w, "\nA secret NAME may instead be read from the file NAME_FILE names (%s=/run/secrets/...,\n"+
+				"as Docker secrets mount it), with one trailing newline trimmed; setting both is an error.\n", example)
 		}
 	}
 }
@@ -136,9 +144,12 @@ func describeDefault(v config.Var) string {
 		parts = append(parts, "default "+v.Default)
 	}
 	if v.Secret {
+		// As config reads them: blank is unset.
 		state := "not set"
-		if _, ok := os.LookupEnv(v.Name); ok {
+		if strings.TrimSpace(os.Getenv(v.Name)) != "" {
 			state = "set"
+		} else if strings.TrimSpace(os.Getenv(v.FileVar())) != "" {
+			state = "set from " + v.FileVar()
 		}
 		parts = append(parts, "secret, "+state)
 	}

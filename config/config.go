@@ -3,11 +3,17 @@
 // Every variable a process may read is declared here once, with its default and a
 // sentence for --help. A subcommand lists the variables it reads, reads them through an
 // Env, and stops start-up with Env.Err, whose message is one line naming the variable.
+//
+// A secret may instead be read from a file named by NAME_FILE (DATABASE_URL_FILE for
+// DATABASE_URL), as the official Postgres image reads POSTGRES_PASSWORD_FILE: Docker
+// secrets then keep it out of the container's environment, which `docker inspect` shows.
 package config
 
 import (
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"strconv"
@@ -21,7 +27,17 @@ type Var struct {
 	Default string
 	Usage   string
 	// Secret marks values that must never be printed: --help shows only whether it is set.
+	// A secret may also be read from the file its FileVar names.
 	Secret bool
+}
+
+// FileVar is the variable naming a file that holds v's value, NAME_FILE, or "" when v is not
+// a secret: only secrets have one.
+func (v Var) FileVar() string {
+	if !v.Secret {
+		return ""
+	}
+	return v.Name + "_FILE"
 }
 
 // The variables every process shares (DESIGN section 13) and the ones only some read.
@@ -210,11 +226,77 @@ type Error struct {
 
 func (e *Error) Error() string { return "config: " + e.Var + ": " + e.Msg }
 
+// raw is v's value: from the environment, or a secret's from the file its FileVar names
+// (both set is an error), else the default. A blank variable counts as unset. A file that
+// cannot be read or is empty is an error, never the default.
 func (e *Env) raw(v Var) string {
-	if s, ok := e.lookup(v.Name); ok && strings.TrimSpace(s) != "" {
-		return strings.TrimSpace(s)
+	val, set := e.get(v.Name)
+	if fileVar := v.FileVar(); fileVar != "" {
+		if path, fromFile := e.get(fileVar); fromFile {
+			if set {
+				e.setErr(&Error{Var: v.Name, Msg: "is set and so is " + fileVar + ": set only one of them"})
+				return ""
+			}
+			s, err := readSecretFile(path)
+			if err != nil {
+				e.setErr(&Error{Var: fileVar, Msg: err.Error()})
+				return ""
+			}
+			return s
+		}
+	}
+	if set {
+		return val
 	}
 	return v.Default
+}
+
+func (e *Env) get(name string) (string, bool) {
+	s, _ := e.lookup(name)
+	s = strings.TrimSpace(s)
+	return s, s != ""
+}
+
+func (e *Env) setErr(err *Error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+// maxSecretFile bounds what is read of a secret's file: it holds one value, and a path such
+// as /dev/zero must not stall start-up.
+const maxSecretFile = 64 << 10
+
+// readSecretFile is the file's content with one trailing newline (\n or \r\n) trimmed, as
+// `echo` and editors leave one. Its errors name the path, never the content.
+func readSecretFile(path string) (string, error) {
+	cannot := func(err error) error {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("cannot read %s: %v", path, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", cannot(err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return "", cannot(err)
+	}
+	if len(b) > maxSecretFile {
+		return "", fmt.Errorf("%s is over %d KiB, too large for a secret's value", path, maxSecretFile>>10)
+	}
+	s, crlf := strings.CutSuffix(string(b), "\r\n")
+	if !crlf {
+		s = strings.TrimSuffix(s, "\n")
+	}
+	if strings.TrimSpace(s) == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
 }
 
 // String is the value, or the default when unset or blank.
@@ -223,8 +305,12 @@ func (e *Env) String(v Var) string { return e.raw(v) }
 // Required is the value; an unset variable without a default is an error.
 func (e *Env) Required(v Var) string {
 	s := e.raw(v)
-	if s == "" && e.err == nil {
-		e.err = &Error{Var: v.Name, Msg: "is required and not set"}
+	if s == "" {
+		msg := "is required and not set"
+		if v.Secret {
+			msg += " (nor is " + v.FileVar() + ")"
+		}
+		e.setErr(&Error{Var: v.Name, Msg: msg})
 	}
 	return s
 }

@@ -41,11 +41,13 @@ import (
 )
 
 // TestComposeTopologyRunsForReal starts what deploy/compose.yaml describes, service by
-// service, from the file's own definitions (command, environment, volumes, networks, ports,
-// user, capabilities, read-only root, healthchecks, restart policies, dependency order),
-// translated to Engine API calls as `docker compose --profile demo up` would make them. The
-// values come from an env file as an operator writes one; the only substitutions are the
-// images (FROM scratch images of the project's static binaries, with the scripted agent as
+// service, from the file's own definitions (command, environment, secrets, volumes,
+// networks, ports, user, capabilities, read-only root, healthchecks, restart policies,
+// dependency order), translated to Engine API calls as `docker compose --profile demo up`
+// would make them. The values come from an env file and the secrets from files in
+// secrets/, as an operator writes them (README, "Secrets"), so every service reads its
+// secrets through their _FILE forms, and none is in a container's environment. The only
+// substitutions are the images (FROM scratch images of the project's static binaries, with the scripted agent as
 // the org image's Hermes, since no registry is reachable here) and the postgres service: no
 // Postgres image can be pulled either, so the host's own Postgres binaries run a private
 // cluster that listens on the db network's gateway address, and `postgres` resolves to it
@@ -86,21 +88,25 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 		"HERMES_DATA":       data,
 		"HERMES_INSTANCE":   project,
 		"DOCKER_SOCKET":     dockerSocket(t),
-		"POSTGRES_PASSWORD": randomHex(t, 16),
 		"SARTIQ_API_URL":    "http://backend:8090",
-		"SARTIQ_BOT_TOKEN":  randomHex(t, 16),
 		"CLAIM_ENABLED":     "true",
 		"POLL_INTERVAL":     "1s",
-		"GATEWAY_SECRET":    randomHex(t, 16),
-		"GATEWAY_KEY":       randomHex(t, 16),
 		"GATEWAY_UPSTREAM":  "demo",
-		"CONTROL_SECRET":    randomHex(t, 16),
-		"DASHBOARD_SECRET":  randomHex(t, 16),
 		// The org image's agent: the scripted stand-in for Hermes.
 		"HERMES_BIN":            "scripted-agent",
 		"LAUNCHER_BIND":         "127.0.0.1",
 		"LAUNCHER_PORT":         strconv.Itoa(launcherPort),
 		"SESSION_COOKIE_SECURE": "false", // plain HTTP on loopback here
+	}
+	pgPassword := randomHex(t, 16)
+	secrets := map[string]string{
+		"postgres_password": pgPassword,
+		"database_url":      "postgres://hermes:" + pgPassword + "@postgres:5432/hermes?sslmode=disable",
+		"sartiq_bot_token":  randomHex(t, 16),
+		"gateway_secret":    randomHex(t, 16),
+		"gateway_key":       randomHex(t, 16),
+		"control_secret":    randomHex(t, 16),
+		"dashboard_secret":  randomHex(t, 16),
 	}
 	f, err := loadCompose(env)
 	if err != nil {
@@ -109,6 +115,7 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 	up := &topology{t: t, cli: cli, file: f, project: project, profiles: []string{"demo"}, containers: map[string]string{}}
 	t.Cleanup(up.down)
 	phase("images built")
+	up.writeSecrets(secrets)
 	up.networks(ctx)
 	up.postgres(ctx, pgBin)
 	phase("networks made, Postgres stand-in listening")
@@ -128,7 +135,8 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 			t.Errorf("%s /healthz: %d %s", name, code, body)
 		}
 	}
-	// Only the dispatcher holds the Docker socket.
+	// Only the dispatcher holds the Docker socket, and no service has a secret in its
+	// environment, which `docker inspect` shows: they came from the mounted files.
 	for name, id := range up.containers {
 		info, err := cli.ContainerInspect(ctx, id)
 		if err != nil {
@@ -137,6 +145,17 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 		for _, m := range info.Mounts {
 			if strings.Contains(m.Source, "docker.sock") && name != "dispatcher" {
 				t.Errorf("%s has the Docker socket mounted", name)
+			}
+		}
+		for _, kv := range info.Config.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			if secretVars()[k] {
+				t.Errorf("%s has the secret %s in its environment", name, k)
+			}
+			for secret, value := range secrets {
+				if strings.Contains(v, value) {
+					t.Errorf("%s has the value of the secret %s in its environment (%s)", name, secret, k)
+				}
 			}
 		}
 	}
@@ -397,6 +416,57 @@ type topology struct {
 	pg         *exec.Cmd
 	pgDir      string
 	pgGateway  string
+	// secrets is where each declared secret's file is, as compose resolves ./secrets/<name>
+	// beside the compose file.
+	secrets map[string]string
+}
+
+// writeSecrets writes each secret the file declares into a folder standing in for deploy/,
+// as README "Secrets" has operators write them: the value and a newline, owned by the host
+// processes' user (65532), mode 0400. Compose bind-mounts such a file as it is, so a test
+// that is not root, and cannot give it away, leaves it readable to all instead (in a 0700
+// folder).
+func (u *topology) writeSecrets(values map[string]string) {
+	t := u.t
+	dir, err := os.MkdirTemp("", u.project+"-compose-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	root := os.Geteuid() == 0
+	u.secrets = map[string]string{}
+	for name, decl := range u.file.Secrets {
+		value, ok := values[name]
+		if !ok {
+			t.Fatalf("compose.yaml declares the secret %s, which the test has no value for", name)
+		}
+		p := filepath.Join(dir, decl.File)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		mode := os.FileMode(0o444)
+		if root {
+			mode = 0o400
+		}
+		if err := os.WriteFile(p, []byte(value+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		if root {
+			if err := os.Chown(p, 65532, 65532); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u.secrets[name] = p
+	}
+}
+
+// secretFile is the file on the host behind a service's NAME_FILE=/run/secrets/<name>.
+func (u *topology) secretFile(service, fileVar string) string {
+	name, ok := strings.CutPrefix(u.file.Services[service].Environment[fileVar], "/run/secrets/")
+	if !ok || u.secrets[name] == "" || !slices.Contains(u.file.Services[service].Secrets, name) {
+		u.t.Fatalf("%s: %s does not name a secret the service mounts", service, fileVar)
+	}
+	return u.secrets[name]
 }
 
 // active says whether a service runs with the topology's profiles.
@@ -456,8 +526,9 @@ func (u *topology) networks(ctx context.Context) {
 }
 
 // postgres stands in for the postgres service: a private cluster of the host's binaries
-// made as the official image makes its own from POSTGRES_USER, POSTGRES_PASSWORD and
-// POSTGRES_DB, listening on the gateway address of the service's network.
+// made as the official image makes its own from POSTGRES_USER, POSTGRES_PASSWORD_FILE
+// (which its entrypoint reads as root, as the test does here) and POSTGRES_DB, listening on
+// the gateway address of the service's network.
 func (u *topology) postgres(ctx context.Context, bin string) {
 	t := u.t
 	svc := u.file.Services["postgres"]
@@ -477,8 +548,12 @@ func (u *topology) postgres(ctx context.Context, bin string) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pw := filepath.Join(dir, "pwfile")
-	if err := os.WriteFile(pw, []byte(svc.Environment["POSTGRES_PASSWORD"]+"\n"), 0o600); err != nil {
+	password, err := os.ReadFile(u.secretFile("postgres", "POSTGRES_PASSWORD_FILE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(dir, "pwfile") // initdb reads its first line
+	if err := os.WriteFile(pw, password, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// initdb refuses root: the cluster is the postgres user's when the test runs as root.
@@ -613,6 +688,13 @@ func (u *topology) containerSpec(ctx context.Context, name string, cmd []string)
 			}
 		}
 		host.Binds = append(host.Binds, source+":"+vol.target+":"+vol.mode)
+	}
+	for _, secret := range s.Secrets {
+		file, ok := u.secrets[secret]
+		if !ok {
+			t.Fatalf("%s: secret %s is not declared", name, secret)
+		}
+		host.Binds = append(host.Binds, file+":/run/secrets/"+secret+":ro")
 	}
 	for _, p := range s.Ports {
 		parts := strings.Split(p, ":")

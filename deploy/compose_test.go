@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,6 +56,13 @@ type composeFile struct {
 	Services map[string]composeService `yaml:"services"`
 	Networks map[string]composeNetwork `yaml:"networks"`
 	Volumes  map[string]struct{}       `yaml:"volumes"`
+	Secrets  map[string]composeSecret  `yaml:"secrets"`
+}
+
+// composeSecret is a file-based secret: compose bind-mounts the file, relative to the
+// compose file's folder, into each service that lists it, at /run/secrets/<name>.
+type composeSecret struct {
+	File string `yaml:"file"`
 }
 
 type composeNetwork struct {
@@ -75,6 +83,7 @@ type composeService struct {
 	Command         []string          `yaml:"command"`
 	Environment     map[string]string `yaml:"environment"`
 	Volumes         []string          `yaml:"volumes"`
+	Secrets         []string          `yaml:"secrets"`
 	Ports           []string          `yaml:"ports"`
 	Networks        []string          `yaml:"networks"`
 	StopGracePeriod string            `yaml:"stop_grace_period"`
@@ -232,6 +241,24 @@ func helpEnv(t *testing.T, args []string) []string {
 	return names
 }
 
+// secretVars are the variables that hold secrets: config's, and the postgres image's
+// password.
+func secretVars() map[string]bool {
+	out := map[string]bool{"POSTGRES_PASSWORD": true}
+	for _, v := range config.All() {
+		if v.Secret {
+			out[v.Name] = true
+		}
+	}
+	return out
+}
+
+// secretOfFileVar is the secret variable a NAME_FILE variable stands for, if k is one.
+func secretOfFileVar(k string) (string, bool) {
+	base, ok := strings.CutSuffix(k, "_FILE")
+	return base, ok && secretVars()[base]
+}
+
 // subcommand is the words of a service's command before its first flag.
 func subcommand(cmd []string) []string {
 	for i, a := range cmd {
@@ -387,11 +414,15 @@ func TestComposeFileStatically(t *testing.T) {
 		t.Error("dispatcher: no stop_grace_period beyond JOB_GRACE")
 	}
 
-	// Every variable a host service sets is one its command reads (its --help lists it).
+	// Every variable a host service sets is one its command reads (its --help lists it; a
+	// secret's NAME_FILE stands for NAME).
 	for _, name := range hostServices(f) {
 		s := f.Services[name]
 		reads := helpEnv(t, subcommand(s.Command))
 		for k := range s.Environment {
+			if base, ok := secretOfFileVar(k); ok {
+				k = base
+			}
 			if !slices.Contains(reads, k) {
 				t.Errorf("%s sets %s, which `hermes-host %s` does not read", name, k, strings.Join(subcommand(s.Command), " "))
 			}
@@ -408,21 +439,51 @@ func TestComposeFileStatically(t *testing.T) {
 		t.Errorf("host services: %v", hostServices(f))
 	}
 
-	// Secrets come from deploy/.env, never written into the file, and reach only the
-	// services that use them.
-	for _, v := range config.All() {
-		if !v.Secret {
-			continue
+	// Secrets are files, never environment values (which `docker inspect` shows): a secret
+	// variable reaches a service only as NAME_FILE=/run/secrets/<name>, a secret the service
+	// mounts and the file declares, from deploy/secrets/; a service mounts only the secrets it
+	// reads, and deploy/.env holds none.
+	secrets := secretVars()
+	for k := range env {
+		if secrets[k] {
+			t.Errorf("env.example sets the secret %s; it belongs in a file in deploy/secrets/", k)
 		}
-		for name, s := range f.Services {
-			val, ok := s.Environment[v.Name]
-			if ok && !strings.Contains(val, "filled-") {
-				t.Errorf("%s: %s is written in compose.yaml, not taken from deploy/.env", name, v.Name)
-			}
+	}
+	for name, decl := range f.Secrets {
+		if decl.File != "./secrets/"+name {
+			t.Errorf("secret %s is read from %q, not ./secrets/%s", name, decl.File, name)
+		}
+		if !slices.ContainsFunc(slices.Collect(maps.Values(f.Services)), func(s composeService) bool { return slices.Contains(s.Secrets, name) }) {
+			t.Errorf("secret %s is declared and no service uses it", name)
 		}
 	}
 	for name, s := range f.Services {
-		if _, ok := s.Environment["SARTIQ_BOT_TOKEN"]; ok && name != "dispatcher" && name != "backend" {
+		named := map[string]bool{}
+		for k, val := range s.Environment {
+			if secrets[k] {
+				t.Errorf("%s: the secret %s is a plain environment value; pass %s_FILE naming a secret instead", name, k, k)
+			}
+			if _, ok := secretOfFileVar(k); !ok {
+				continue
+			}
+			secret, ok := strings.CutPrefix(val, "/run/secrets/")
+			switch {
+			case !ok || strings.Contains(secret, "/"):
+				t.Errorf("%s: %s=%s is not /run/secrets/<name>", name, k, val)
+			case !slices.Contains(s.Secrets, secret):
+				t.Errorf("%s: %s names the secret %s, which the service does not mount", name, k, secret)
+			}
+			named[secret] = true
+		}
+		for _, secret := range s.Secrets {
+			if _, ok := f.Secrets[secret]; !ok {
+				t.Errorf("%s uses the secret %s, which the file does not declare", name, secret)
+			}
+			if !named[secret] {
+				t.Errorf("%s mounts the secret %s, which none of its variables reads", name, secret)
+			}
+		}
+		if slices.Contains(s.Secrets, "sartiq_bot_token") && name != "dispatcher" && name != "backend" {
 			t.Errorf("%s holds the bot credential", name)
 		}
 	}
@@ -431,6 +492,9 @@ func TestComposeFileStatically(t *testing.T) {
 	// into one.
 	for _, df := range []string{"Dockerfile.host", "Dockerfile.hermes"} {
 		text := readFile(t, df)
+		if !slices.Contains(strings.Split(readFile(t, df+".dockerignore"), "\n"), "deploy/secrets") {
+			t.Errorf("%s.dockerignore does not keep deploy/secrets out of the build", df)
+		}
 		for _, v := range config.All() {
 			if v.Secret && regexp.MustCompile(`(?m)^\s*(ENV|ARG)\b.*\b`+v.Name+`\b`).MatchString(text) {
 				t.Errorf("%s bakes in %s", df, v.Name)

@@ -123,12 +123,38 @@ func TestBadConfigStopsStartupWithOneLine(t *testing.T) {
 		t.Fatalf("want one line naming SHUTDOWN_GRACE, got %q", r.stderr)
 	}
 	r = run(t, nil, "migrate", "status")
-	if r.code != 1 || strings.TrimSpace(r.stderr) != "hermes-host migrate status: config: DATABASE_URL: is required and not set" {
+	if r.code != 1 || strings.TrimSpace(r.stderr) != "hermes-host migrate status: config: DATABASE_URL: is required and not set (nor is DATABASE_URL_FILE)" {
 		t.Fatalf("missing DATABASE_URL: %+v", r)
 	}
 	r = run(t, map[string]string{"DATABASE_URL": "postgres://x/y", "LOG_LEVEL": "loud"}, "migrate", "status")
 	if r.code != 1 || !strings.Contains(r.stderr, "LOG_LEVEL") {
 		t.Fatalf("bad LOG_LEVEL: %+v", r)
+	}
+}
+
+// DATABASE_URL_FILE, as a Docker secret gives it: the URL with a trailing newline; setting
+// both forms, or naming a file that is not there, stops start-up on one line.
+func TestSecretFileStandsInForTheVariable(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "absent")
+	r := run(t, map[string]string{"DATABASE_URL_FILE": missing}, "migrate", "status")
+	if r.code != 1 || strings.TrimSpace(r.stderr) != "hermes-host migrate status: config: DATABASE_URL_FILE: cannot read "+missing+": no such file or directory" {
+		t.Fatalf("missing file: %+v", r)
+	}
+	file := filepath.Join(dir, "database_url")
+	if err := os.WriteFile(file, []byte("postgres://u:pw-do-not-print@127.0.0.1:1/db\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, map[string]string{"DATABASE_URL_FILE": file, "DATABASE_URL": "postgres://x/y"}, "migrate", "status")
+	if r.code != 1 || strings.TrimSpace(r.stderr) != "hermes-host migrate status: config: DATABASE_URL: is set and so is DATABASE_URL_FILE: set only one of them" {
+		t.Fatalf("both set: %+v", r)
+	}
+	url, _ := pgtest.EmptySchema(t)
+	if err := os.WriteFile(file, []byte(url+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r = run(t, map[string]string{"DATABASE_URL_FILE": file}, "migrate", "status"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("status with DATABASE_URL_FILE: %+v", r)
 	}
 }
 

@@ -137,10 +137,12 @@ func runJobCommand() *cli.Command {
 				if cfg.GatewayURL, err = unitnet.Resolve(fwd, cfg.GatewayURL, unitnet.GatewayAddr, log); err != nil {
 					return err
 				}
-				// The variables go only to the proxies, never further.
+				// The variables go only to the proxies, never further (nor where their files are).
 				for _, v := range []config.Var{config.SartiqToken, config.ControlKey} {
-					if err := os.Unsetenv(v.Name); err != nil {
-						return err
+					for _, name := range []string{v.Name, v.FileVar()} {
+						if err := os.Unsetenv(name); err != nil {
+							return err
+						}
 					}
 				}
 				switch {
