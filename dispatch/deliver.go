@@ -65,20 +65,17 @@ func (d *Dispatcher) start(ctx context.Context, dl *delivery, claim *sartiq.Clai
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		requeued := func() bool {
+		func() {
 			defer d.giveBack(claim.OrganizationID, dl)
 			defer dl.cancel()
 			defer dl.askToStop()
 			kept := d.leases.Keep(dl.ctx, dl.home, d.cfg.LeaseTTL)
-			requeued := d.deliver(kept.Context(), dl, claim, kept, claimed)
+			d.deliver(kept.Context(), dl, claim, kept, claimed)
 			dl.home = kept.Stop()
-			return requeued
 		}()
-		if requeued {
-			// Its org's slot and home lease are given back: the next cycle, asked for
-			// now rather than at the next tick, claims the job again.
-			d.kick()
-		}
+		// Its org's slot and home lease are given back: the org's next job (or this one,
+		// queued again after a crash) is claimed now rather than at the next tick.
+		d.kick(claim.OrganizationID)
 	}()
 }
 
@@ -112,8 +109,8 @@ UPDATE claim_attempts SET outcome = 'crashed', reason = 're-claimed as stale', f
 
 // deliver runs the job and records its outcome. ctx ends when the home lease is lost or
 // the dispatcher stops hard. A run that ended without an outcome is ended at once
-// (endCrashed); requeued says its job went back to the queue.
-func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) (requeued bool) {
+// (endCrashed).
+func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim, kept *lease.Kept, claimed time.Time) {
 	log := d.cfg.Log.With("job", c.Job.ID, "org", c.OrganizationID)
 	outcome, reason, result := d.run(ctx, dl, c, kept, claimed, log)
 	if cause := context.Cause(ctx); errors.Is(cause, lease.ErrLost) && outcome != "completed" && outcome != "failed" {
@@ -123,7 +120,7 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 	// A run the dispatcher killed as it stopped hard is left to go stale, as the shutdown
 	// says; any other crash is ended now, while this dispatcher still holds the token.
 	if outcome == "crashed" && d.hard.Err() == nil {
-		status, jobReason, requeued = d.endCrashed(c, reason, log)
+		status, jobReason = d.endCrashed(c, reason, log)
 	}
 	// The record is tried again for a while: Postgres restarting must not lose it (the
 	// backend's log has the outcome either way, and a later owner reconciles a row left open).
@@ -163,7 +160,6 @@ func (d *Dispatcher) deliver(ctx context.Context, dl *delivery, c *sartiq.Claim,
 	}
 	d.metrics.outcomes.WithLabelValues(outcome).Inc()
 	log.Info("job outcome", "outcome", outcome, "reason", reason, "attempt", c.Job.Attempt)
-	return requeued
 }
 
 // mirrorStatus is the backend status a worker outcome leaves the job in.

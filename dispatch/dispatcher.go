@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -136,9 +137,13 @@ type Dispatcher struct {
 	dash     dashboardsHere
 	stopping bool
 
-	// wake asks Run for a cycle before the next tick (a crashed attempt's job was queued
-	// again); one pending request is enough.
-	wake chan struct{}
+	// ready are the orgs whose run here just ended: Run's side loop takes the next step
+	// for each at once (wake, one pending request is enough) instead of at the next tick.
+	ready map[string]bool
+	wake  chan struct{}
+	// working are the orgs a step is being taken for: a cycle and the ready loop never
+	// work one org at the same time.
+	working map[string]bool
 
 	// hard ends every delivery at once: the last step of a shutdown.
 	hard     context.Context
@@ -238,13 +243,18 @@ func New(cfg Config) *Dispatcher {
 		inFlight: map[string]*delivery{},
 		backoff:  map[string]backoff{},
 		dash:     newDashboardsHere(),
+		ready:    map[string]bool{},
 		wake:     make(chan struct{}, 1),
+		working:  map[string]bool{},
 		hard:     hard, hardStop: hardStop,
 	}
 }
 
-// kick asks Run for its next cycle now.
-func (d *Dispatcher) kick() {
+// kick asks Run for org's next step now: its run here ended and its slot is free.
+func (d *Dispatcher) kick(org string) {
+	d.mu.Lock()
+	d.ready[org] = true
+	d.mu.Unlock()
 	select {
 	case d.wake <- struct{}{}:
 	default:
@@ -337,6 +347,54 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 	return started, errors.Join(errs...)
 }
 
+// cycleReady takes the next step for each org whose run here ended since the last call,
+// as a cycle would but from a poll of that org's jobs alone: its next job starts at once,
+// not at the next tick after a poll of every org's. An org not owned here any more is left
+// to the cycles.
+func (d *Dispatcher) cycleReady(ctx context.Context) (int, error) {
+	d.mu.Lock()
+	var orgs []string
+	for org := range d.ready {
+		if d.owned[org] != nil {
+			orgs = append(orgs, org)
+		}
+	}
+	clear(d.ready)
+	d.mu.Unlock()
+	if len(orgs) == 0 || !d.cfg.ClaimEnabled || d.isStopping() {
+		return 0, nil
+	}
+	slices.Sort(orgs)
+	if err := gateway.Gate(ctx, d.cfg.HTTP, d.cfg.GatewayURL, d.cfg.GatewayKey.Reveal(), d.cfg.WorkerModel, d.cfg.VisionModel); err != nil {
+		d.metrics.gateClosed.Inc()
+		return 0, fmt.Errorf("%w: %v", ErrGateClosed, err)
+	}
+	started := 0
+	var errs []error
+	for _, org := range orgs {
+		if d.isStopping() || ctx.Err() != nil {
+			break
+		}
+		snap, err := d.poll(ctx, sartiq.ListJobsParams{OrganizationID: org,
+			Status: sartiq.StatusQueued + "," + sartiq.StatusClaimed + "," + sartiq.StatusRunning})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// Owned orgs only: one whose lease was lost since is the cycles' to own again.
+		snap.others = map[string]bool{org: true}
+		ok, err := d.work(ctx, org, snap)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			started++
+		}
+	}
+	d.metrics.readySteps.Add(float64(len(orgs)))
+	return started, errors.Join(errs...)
+}
+
 // poll lists jobs of every type with p's filter, following cursors.
 func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapshot, error) {
 	snap := &snapshot{queued: map[string][]sartiq.Job{}, active: map[string][]sartiq.Job{}}
@@ -373,10 +431,27 @@ func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapsh
 	return snap, nil
 }
 
-// work takes one step for org: nothing while a job of its is in flight here or while
-// another replica owns it; else, under its org: lease, re-claim a stale job or claim the
-// oldest queued one. It reports whether a job started.
+// work takes one step for org: nothing while a job of its is in flight here, while
+// another replica owns it or while a step for it is being taken already (by a cycle or
+// the ready loop); else, under its org: lease, re-claim a stale job or claim the oldest
+// queued one. It reports whether a job started.
 func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool, error) {
+	d.mu.Lock()
+	if d.working[org] {
+		d.mu.Unlock()
+		return false, nil
+	}
+	d.working[org] = true
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		delete(d.working, org)
+		d.mu.Unlock()
+	}()
+	return d.step(ctx, org, snap)
+}
+
+func (d *Dispatcher) step(ctx context.Context, org string, snap *snapshot) (bool, error) {
 	d.mu.Lock()
 	if b, ok := d.backoff[org]; ok && time.Now().Before(b.until) {
 		d.mu.Unlock()
@@ -587,7 +662,7 @@ func (d *Dispatcher) releaseIdle(ctx context.Context, snap *snapshot) {
 	var idle []lease.Lease
 	d.mu.Lock()
 	for org, o := range d.owned {
-		if d.inFlight[org] != nil || d.dash.holds(org) || len(snap.queued[org])+len(snap.active[org]) > 0 || now.Sub(o.lastWork) < d.cfg.OrgIdle {
+		if d.inFlight[org] != nil || d.working[org] || d.dash.holds(org) || len(snap.queued[org])+len(snap.active[org]) > 0 || now.Sub(o.lastWork) < d.cfg.OrgIdle {
 			continue
 		}
 		idle = append(idle, o.lease)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -368,4 +369,35 @@ func (f *fixture) mirrorStatus(t *testing.T, job string) string {
 		t.Fatalf("mirror of job %s: %v", job, err)
 	}
 	return st
+}
+
+// An org's next job starts as soon as its last one here ends, not at the next tick: the
+// ready loop polls that org's jobs alone and claims. With a poll interval far longer than
+// the run, each demo org's second job can only start that way.
+func TestAnOrgsNextJobStartsWhenItsLastEndsNotAtTheNextPoll(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	reg := prometheus.NewRegistry()
+	f.cfg.Registerer = reg
+	d := f.dispatcher(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	cycles := atomic.Int64{}
+	go func() {
+		defer close(done)
+		d.Run(ctx, dispatch.RunOptions{Poll: time.Hour, Cycled: func(int, error) { cycles.Add(1) }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	waitFor(t, 2*time.Minute, "both demo orgs' two jobs to complete", func() bool {
+		return f.statuses(t)[sartiq.StatusCompleted] == 4
+	})
+	if n := cycles.Load(); n != 1 {
+		t.Errorf("%d cycles ran, want the first alone (the poll is an hour)", n)
+	}
+	if n := counterValue(t, reg, "hermes_dispatch_ready_steps_total"); n < 2 {
+		t.Errorf("hermes_dispatch_ready_steps_total is %v, want a step for each org's second job at least", n)
+	}
 }

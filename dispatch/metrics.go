@@ -16,6 +16,7 @@ type metrics struct {
 	wrongOrg        prometheus.Counter
 	crashesEnded    *prometheus.CounterVec
 	gaveUp          prometheus.Counter
+	readySteps      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,10 +49,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"job"}),
 		gaveUp: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_attempts_exhausted_total",
 			Help: "Jobs failed for good because their crashed attempts reached MAX_ATTEMPTS."}),
+		readySteps: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_ready_steps_total",
+			Help: "Steps taken for an org at once when its run here ended (its next job claimed without waiting for the next cycle)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg,
-			m.crashesEnded, m.gaveUp)
+			m.crashesEnded, m.gaveUp, m.readySteps)
 	}
 	return m
 }

@@ -109,9 +109,8 @@ SELECT count(*) FROM claim_attempts
 // is left to the stale-heartbeat path, as when the dispatcher itself dies.
 //
 // The attempt is recorded crashed with its own reason either way; it returns the status the
-// job is left in at the backend and, when it was failed, the job's reason, for the mirror;
-// requeued says it went back to the queue.
-func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger) (status, jobReason string, requeued bool) {
+// job is left in at the backend and, when it was failed, the job's reason, for the mirror.
+func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger) (status, jobReason string) {
 	status, jobReason = sartiq.StatusRunning, reason
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -141,7 +140,7 @@ func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger
 		d.metrics.crashesEnded.WithLabelValues("failed").Inc()
 		d.metrics.gaveUp.Inc()
 		log.Warn("job failed for good", "reason", why)
-		return sartiq.StatusFailed, why, false
+		return sartiq.StatusFailed, why
 	}
 	if _, err := api.Release(ctx, c.Job.ID, msg); err != nil {
 		log.Warn("could not release the crashed attempt's job: it goes stale and is re-claimed", "err", err)
@@ -157,7 +156,7 @@ func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger
 		d.mu.Unlock()
 	}
 	log.Warn("attempt crashed: the job is queued again", "attempt", c.Job.Attempt, "crashed_attempts", crashed, "reason", reason, "next_in", wait.String())
-	return sartiq.StatusQueued, reason, true
+	return sartiq.StatusQueued, reason
 }
 
 // clip is s cut to at most n bytes, as valid UTF-8.

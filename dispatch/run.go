@@ -51,6 +51,24 @@ func (d *Dispatcher) Run(ctx context.Context, o RunOptions) {
 		sideWork.Wait()
 	}()
 
+	// The ready loop takes an org's next step as soon as its run here ends, beside the
+	// cycles, which poll every org's jobs each tick. It stops before the shutdown begins.
+	ready, stopReady := context.WithCancel(ctx)
+	readyDone := make(chan struct{})
+	go func() {
+		defer close(readyDone)
+		for {
+			select {
+			case <-ready.Done():
+				return
+			case <-d.wake:
+			}
+			if _, err := d.cycleReady(ready); err != nil && ready.Err() == nil {
+				d.cfg.Log.Warn("next step for orgs whose run ended", "err", err)
+			}
+		}
+	}()
+
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
 	for {
@@ -60,10 +78,11 @@ func (d *Dispatcher) Run(ctx context.Context, o RunOptions) {
 		}
 		select {
 		case <-ctx.Done():
+			stopReady()
+			<-readyDone
 			d.Shutdown(o.Grace, o.ReleaseWait)
 			return
 		case <-t.C:
-		case <-d.wake:
 		}
 	}
 }
