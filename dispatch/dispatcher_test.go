@@ -401,3 +401,21 @@ func TestAnOrgsNextJobStartsWhenItsLastEndsNotAtTheNextPoll(t *testing.T) {
 		t.Errorf("hermes_dispatch_ready_steps_total is %v, want a step for each org's second job at least", n)
 	}
 }
+
+// A cycle takes several orgs' steps at once, yet never owns more than MAX_ORGS: an acquire
+// under way holds its place.
+func TestACycleOwnsNoMoreThanMaxOrgs(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	f.cfg.MaxOrgs = 1
+	d := f.dispatcher(t)
+	for range 5 {
+		if _, err := d.Cycle(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if owned := d.Owned(); len(owned) != 1 {
+			t.Fatalf("the dispatcher owns %v with MAX_ORGS 1", owned)
+		}
+	}
+	d.Wait()
+}
