@@ -4,9 +4,11 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"slices"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // WriteErrors counts this process's failed writes (Write and Restore), by the cause an
@@ -23,6 +25,29 @@ var WriteErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 // writeErrorCauses are the label values, set to zero up front so a rate exists before the
 // first failure.
 var writeErrorCauses = []string{"disk_full", "io", "read_only", "permission", "other"}
+
+// WriteErrorCauses are the causes WriteErrors counts by.
+func WriteErrorCauses() []string { return slices.Clone(writeErrorCauses) }
+
+// WriteErrorCounts are this process's failed writes so far, by cause, read from
+// WriteErrors; causes with none are left out, and nil means none at all. A process no one
+// scrapes (a worker's run-job) reports them this way instead.
+func WriteErrorCounts() map[string]uint64 {
+	var counts map[string]uint64
+	for _, c := range writeErrorCauses {
+		var m dto.Metric
+		if err := WriteErrors.WithLabelValues(c).Write(&m); err != nil {
+			continue
+		}
+		if n := uint64(m.GetCounter().GetValue()); n > 0 {
+			if counts == nil {
+				counts = make(map[string]uint64)
+			}
+			counts[c] = n
+		}
+	}
+	return counts
+}
 
 func init() {
 	for _, c := range writeErrorCauses {

@@ -101,7 +101,7 @@ func TestAlertRulesNameOnlyRegisteredMetrics(t *testing.T) {
 	// The metrics the issue asks alerts for are all covered.
 	for _, want := range []string{"hermes_lease_events_total", "hermes_dispatch_claims_total", "hermes_dispatch_outcomes_total",
 		"gateway_token_refreshes_total", "gateway_auth_persist_failures_total", "hermes_runtime_execs_total",
-		"hermes_dispatch_gate_closed_total", "up"} {
+		"hermes_dispatch_gate_closed_total", "hermes_file_write_errors_total", "hermes_dispatch_worker_file_write_errors_total", "up"} {
 		if !strings.Contains(readFile(t, "alerts.yml"), want) {
 			t.Errorf("no rule names %s", want)
 		}

@@ -396,9 +396,12 @@ const (
 
 // record mirrors the JSON progress lines of the worker, fenced by the home lease, and
 // returns its outcome. A flood is cut and counted: past maxProgressLines only the outcome
-// is mirrored, and a line longer than maxProgressLine is skipped.
+// is mirrored, and a line longer than maxProgressLine is skipped. The failed file writes
+// the outcome reports are counted and logged (the last outcome line's, should a worker
+// print several).
 func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Kept, claimed time.Time, r io.Reader) worker.Outcome {
 	var outcome worker.Outcome
+	var outcomeData json.RawMessage
 	mirrored := 0
 	eachLine(r, maxProgressLine, func() { d.metrics.outputDropped.WithLabelValues("long_lines").Inc() }, func(line []byte) {
 		var ev struct {
@@ -428,6 +431,7 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 			}
 		case "outcome":
 			_ = json.Unmarshal(ev.Data, &outcome)
+			outcomeData = ev.Data
 		}
 		err := d.leases.WithFence(ctx, kept.Lease(), func(tx pgx.Tx) error {
 			if ev.Event == "start" {
@@ -442,6 +446,10 @@ func (d *Dispatcher) record(ctx context.Context, c *sartiq.Claim, kept *lease.Ke
 			d.cfg.Log.Warn("mirror progress", "job", c.Job.ID, "err", err)
 		}
 	})
+	if failed := d.metrics.countWorkerWriteErrors(outcomeData); len(failed) > 0 {
+		// The counter has no org label: the log says whose home it was.
+		d.cfg.Log.Warn("the worker's file writes failed: the org home's disk (ORGS_ROOT)", "org", c.OrganizationID, "job", c.Job.ID, "file_write_errors", failed)
+	}
 	return outcome
 }
 

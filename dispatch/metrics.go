@@ -1,6 +1,16 @@
 package dispatch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/atomicfile"
+)
 
 type metrics struct {
 	cycle           prometheus.Histogram
@@ -17,6 +27,7 @@ type metrics struct {
 	crashesEnded    *prometheus.CounterVec
 	gaveUp          prometheus.Counter
 	readySteps      prometheus.Counter
+	workerWrites    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -51,10 +62,52 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Jobs failed for good because their crashed attempts reached MAX_ATTEMPTS."}),
 		readySteps: prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dispatch_ready_steps_total",
 			Help: "Steps taken for an org at once when its run here ended (its next job claimed without waiting for the next cycle)."}),
+		workerWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_worker_file_write_errors_total",
+			Help: "Failed file writes (a job's checkpoint, the org home's files) that workers' run-job, which is never scraped, reported in their outcomes, by cause as hermes_file_write_errors_total counts them: a disk under ORGS_ROOT."},
+			[]string{"cause"}),
+	}
+	for _, c := range atomicfile.WriteErrorCauses() {
+		m.workerWrites.WithLabelValues(c)
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg,
-			m.crashesEnded, m.gaveUp, m.readySteps)
+			m.crashesEnded, m.gaveUp, m.readySteps, m.workerWrites)
 	}
 	return m
+}
+
+// maxWorkerWriteErrors bounds what one run adds to a cause: more failed writes than a run
+// makes is a worker that lies, and must not swamp the counter.
+const maxWorkerWriteErrors = 1e6
+
+// countWorkerWriteErrors adds the failed writes an outcome (the data of a worker's outcome
+// event) reports to hermes_dispatch_worker_file_write_errors_total. The worker runs in the
+// org's unit, so the report is untrusted: a cause atomicfile does not count by is "other",
+// what is not a positive number is ignored, each cause takes at most maxWorkerWriteErrors a
+// run, and a report that does not parse adds nothing. It answers what it added, by cause.
+func (m *metrics) countWorkerWriteErrors(outcome json.RawMessage) map[string]float64 {
+	var reported struct {
+		FileWriteErrors map[string]json.RawMessage `json:"file_write_errors"`
+	}
+	if json.Unmarshal(outcome, &reported) != nil {
+		return nil
+	}
+	causes := atomicfile.WriteErrorCauses()
+	sums := make(map[string]float64)
+	for cause, raw := range reported.FileWriteErrors {
+		// Only a JSON number parses as a float (not a string, object or literal); one past
+		// float64's range is ±Inf, which the bounds below take care of.
+		n, err := strconv.ParseFloat(string(raw), 64)
+		if (err != nil && !errors.Is(err, strconv.ErrRange)) || !(n >= 1) {
+			continue
+		}
+		if !slices.Contains(causes, cause) {
+			cause = "other"
+		}
+		sums[cause] = min(sums[cause]+math.Floor(min(n, maxWorkerWriteErrors)), maxWorkerWriteErrors)
+	}
+	for cause, n := range sums {
+		m.workerWrites.WithLabelValues(cause).Add(n)
+	}
+	return sums
 }

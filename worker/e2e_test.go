@@ -268,6 +268,10 @@ func TestGuidelinesJobEndToEnd(t *testing.T) {
 		if r.err != nil || r.status.Code != 0 || r.outcome.Status != "completed" {
 			t.Fatalf("worker: %v %v outcome %+v\n%s", r.err, r.status, r.outcome, r.stderr)
 		}
+		// No write failed: the outcome says nothing of them.
+		if strings.Contains(r.stdout, "file_write_errors") {
+			t.Fatalf("a run without failed writes reports some:\n%s", r.stdout)
+		}
 		if _, err := os.Stat(stale); !os.IsNotExist(err) {
 			t.Fatalf("the stale workspace was kept: %v", err)
 		}

@@ -80,6 +80,10 @@ type Outcome struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	// SkillsDisabled are the authored skills the cap disabled before this job's agent starts.
 	SkillsDisabled []string `json:"skills_disabled,omitempty"`
+	// FileWriteErrors are this run's failed file writes (its checkpoint, the home's files)
+	// by atomicfile's cause, none left out: run-job is never scraped, so the dispatcher
+	// counts them for it. Absent when none failed.
+	FileWriteErrors map[string]uint64 `json:"file_write_errors,omitempty"`
 }
 
 // ErrTakenAway: the backend refused a heartbeat with 409; the job is someone else's now.
@@ -113,12 +117,29 @@ type runner struct {
 // worker) the agent is killed and the job released, unless it was taken away already;
 // checkpoints stay, so the next attempt resumes from them.
 func Run(ctx context.Context, cfg Config, api *sartiq.Client, a Assignment) (Outcome, error) {
+	before := atomicfile.WriteErrorCounts()
 	r := &runner{cfg: cfg, api: api, job: a.Job, manifestURL: a.ManifestURL}
 	r.emit("start", map[string]any{"job": a.Job.ID, "type": a.Job.Type, "org": a.OrganizationID, "attempt": a.Job.Attempt})
 	out, err := r.run(ctx, a)
 	out.SkillsDisabled = r.disabled
+	out.FileWriteErrors = writeErrorsSince(before)
 	r.emit("outcome", out)
 	return out, err
+}
+
+// writeErrorsSince are the failed writes counted (atomicfile.WriteErrorCounts) since
+// before, by cause; nil when there were none.
+func writeErrorsSince(before map[string]uint64) map[string]uint64 {
+	var since map[string]uint64
+	for cause, n := range atomicfile.WriteErrorCounts() {
+		if n > before[cause] {
+			if since == nil {
+				since = make(map[string]uint64)
+			}
+			since[cause] = n - before[cause]
+		}
+	}
+	return since
 }
 
 func (r *runner) emit(kind string, data any) {
