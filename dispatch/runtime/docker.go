@@ -962,13 +962,32 @@ func (d *Docker) execRunning(ctx context.Context, id string) (bool, error) {
 	return false, nil
 }
 
-// remove kills and removes a container; one already gone is not an error.
+// remove kills and removes a container; one already gone is not an error, and one whose
+// removal is under way already (a failed sweep's, say, racing an ensure) is waited for.
 func (d *Docker) remove(ctx context.Context, idOrName string) error {
 	err := d.cli.ContainerRemove(ctx, idOrName, container.RemoveOptions{Force: true})
+	if cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress") {
+		err = d.awaitRemoved(ctx, idOrName)
+	}
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove container %s: %w", idOrName, err)
 	}
 	return nil
+}
+
+// awaitRemoved waits until the container is gone (nil, or a not-found error).
+func (d *Docker) awaitRemoved(ctx context.Context, idOrName string) error {
+	for {
+		_, err := d.cli.ContainerInspect(ctx, idOrName)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("its removal, under way already, did not end: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // forget drops what this process knows of a unit; with an id, only while that container is

@@ -490,3 +490,30 @@ func TestDockerLeavesALiveInstancesAndABusyContainer(t *testing.T) {
 		t.Fatalf("the busy worker was reaped: %v", err)
 	}
 }
+
+// Two removals of one container at once both succeed: the engine refuses the later one
+// with "removal ... is already in progress" (a failed sweep's removal racing an ensure,
+// seen under a load average of 270), which remove waits out.
+func TestDockerRemoveWaitsOutARemovalUnderWay(t *testing.T) {
+	requireEngine(t)
+	ctx := t.Context()
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	for i := range 8 {
+		org := newOrg(t, cfg, fmt.Sprintf("remove%d", i))
+		u := mustEnsureWorker(t, rt, org)
+		rt.forget(UnitName(org, RoleWorker), u.ID)
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { errs <- rt.remove(ctx, u.ID) }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("removal %d: %v", i, err)
+			}
+		}
+		if _, err := suite.engine.ContainerInspect(ctx, u.ID); !cerrdefs.IsNotFound(err) {
+			t.Fatalf("removal %d: the container is still there: %v", i, err)
+		}
+	}
+}
