@@ -90,14 +90,21 @@ type listener struct {
 	net.Listener
 	path string
 	done func()
+
+	once sync.Once
+	err  error
 }
 
 func (l *listener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
+// Close closes once: a second close must neither close a descriptor number reused since
+// nor remove a socket made anew at the path.
 func (l *listener) Close() error {
-	err := l.Listener.Close()
-	l.done()
-	return err
+	l.once.Do(func() {
+		l.err = l.Listener.Close()
+		l.done()
+	})
+	return l.err
 }
 
 // Listen makes a socket at path, replacing one a dead process left there (a file that is
@@ -144,8 +151,22 @@ type Sockets struct {
 	log      *slog.Logger
 
 	mu     sync.Mutex
-	orgs   map[string][]*http.Server
+	orgs   map[string][]served
 	closed bool
+}
+
+// served is one socket and its server.
+type served struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// stop closes the listener itself, at once: a server whose Serve has not begun yet does
+// not know it, and would close it (removing the socket at its path) whenever Serve did
+// begin, by then perhaps a socket Ensure made anew there.
+func (v served) stop() {
+	v.ln.Close()
+	v.srv.Close()
 }
 
 // Proxy is a handler passing every request on to base (an http(s) URL), streaming answers
@@ -266,7 +287,7 @@ func NewSockets(root string, services map[string]http.Handler, log *slog.Logger)
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Sockets{root: root, services: services, log: log, orgs: map[string][]*http.Server{}}, nil
+	return &Sockets{root: root, services: services, log: log, orgs: map[string][]served{}}, nil
 }
 
 // Dir is org's folder of sockets on the host.
@@ -294,8 +315,8 @@ func (s *Sockets) Ensure(org string) (string, error) {
 	if servers, ok := s.orgs[org]; ok && s.alive(dir, servers) {
 		return dir, nil
 	} else if ok {
-		for _, srv := range servers {
-			srv.Close()
+		for _, v := range servers {
+			v.stop()
 		}
 		delete(s.orgs, org)
 	}
@@ -305,12 +326,12 @@ func (s *Sockets) Ensure(org string) (string, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return "", fmt.Errorf("unit sockets of %s: %w", org, err)
 	}
-	var servers []*http.Server
+	var servers []served
 	for name, h := range s.services {
 		ln, err := Listen(filepath.Join(dir, name+".sock"))
 		if err != nil {
-			for _, srv := range servers {
-				srv.Close()
+			for _, v := range servers {
+				v.stop()
 			}
 			return "", fmt.Errorf("unit sockets of %s: %w", org, err)
 		}
@@ -325,7 +346,7 @@ func (s *Sockets) Ensure(org string) (string, error) {
 				s.log.Warn("unit socket stopped", "org", org, "service", name, "err", err)
 			}
 		}()
-		servers = append(servers, srv)
+		servers = append(servers, served{srv: srv, ln: ln})
 	}
 	s.orgs[org] = servers
 	s.log.Debug("unit sockets served", "org", org, "dir", dir)
@@ -334,7 +355,7 @@ func (s *Sockets) Ensure(org string) (string, error) {
 
 // alive says whether every socket of the folder is still there (a restart of the unit's
 // host folder, or an operator's cleanup, may have removed them).
-func (s *Sockets) alive(dir string, servers []*http.Server) bool {
+func (s *Sockets) alive(dir string, servers []served) bool {
 	if len(servers) != len(s.services) {
 		return false
 	}
@@ -351,11 +372,11 @@ func (s *Sockets) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	all := s.orgs
-	s.orgs = map[string][]*http.Server{}
+	s.orgs = map[string][]served{}
 	s.mu.Unlock()
 	for _, servers := range all {
-		for _, srv := range servers {
-			srv.Close()
+		for _, v := range servers {
+			v.stop()
 		}
 	}
 	return nil
