@@ -51,17 +51,22 @@ const goneWait = 2 * time.Second
 const engineCleanupTimeout = 30 * time.Second
 
 // sweepTimeout bounds one sweep of a worker, the engine's round trip included; the sweep
-// program itself gives up after 5s.
-const sweepTimeout = 15 * time.Second
+// program itself gives up after 5s, so the rest is the engine's. An engine that slow is
+// overloaded, not the worker unsound: removing the worker and starting another costs it
+// more than the sweep (the Docker scale run, at a load average near 300, saw an exec take
+// 10 s at the median and 100 s at p99, and with a 15 s bound removed a worker in one job
+// of five).
+const sweepTimeout = time.Minute
 
 // Docker runs each org's worker and dashboard as labelled containers on a Docker engine.
 type Docker struct {
-	cfg      Config
-	sweepCmd []string // kills what execs left in a worker (see sweep)
-	cli      *client.Client
-	log      *slog.Logger
-	locks    unitLocks
-	net      netPlan
+	cfg          Config
+	sweepCmd     []string      // kills what execs left in a worker (see sweep)
+	sweepTimeout time.Duration // sweepTimeout; tests shorten it
+	cli          *client.Client
+	log          *slog.Logger
+	locks        unitLocks
+	net          netPlan
 	// images are the IDs the configured images had when the runtime started, by role: a
 	// unit of another image (an adopted one, from before an upgrade) is replaced when next
 	// ensured.
@@ -145,11 +150,12 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		followed: map[string]bool{},
 		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
 		// replaced (hermes-host worker sweep).
-		sweepCmd: append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
-		cfg:      cfg,
-		cli:      cli,
-		log:      cfg.Logger.With("runtime", "docker"),
-		units:    make(map[string]*dockerUnit),
+		sweepCmd:     append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
+		sweepTimeout: sweepTimeout,
+		cfg:          cfg,
+		cli:          cli,
+		log:          cfg.Logger.With("runtime", "docker"),
+		units:        make(map[string]*dockerUnit),
 	}
 	d.following, d.stopFollowing = context.WithCancel(context.Background())
 	if err := d.ensureNetwork(ctx); err != nil {
@@ -639,7 +645,7 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 		u.sweeping = nil
 		d.mu.Unlock()
 	}()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sweepTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.sweepTimeout)
 	defer cancel()
 	began := time.Now()
 	var out, errOut strings.Builder
@@ -661,7 +667,10 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 	}
 	d.cfg.Metrics.swept(d.Kind(), 0, false)
 	d.forget(name, u.id)
-	if rerr := d.remove(sctx, u.id); rerr != nil {
+	// A context of its own: a sweep that timed out has spent sctx.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), engineCleanupTimeout)
+	defer rcancel()
+	if rerr := d.remove(rctx, u.id); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	d.log.Warn("worker sweep failed: container removed", "container", name, "id", shortID(u.id), "error", err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -64,6 +65,31 @@ func TestDockerExecLeavesNothingBehind(t *testing.T) {
 	}
 	if ps := containerProcesses(t, eo.ID); !strings.Contains(ps, "testagent idle") {
 		t.Errorf("b's worker lost its main process:\n%s", ps)
+	}
+}
+
+// A sweep that does not end within its bound removes the worker, and the next ensure
+// starts a fresh one. (The removal used the sweep's own context, spent by then: the
+// container stayed.)
+func TestDockerASweepThatTimesOutRemovesTheWorker(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	org := newOrg(t, cfg, "sweep-timeout")
+	e := mustEnsureWorker(t, rt, org)
+	rt.sweepCmd = []string{"testagent", "sleep", "30s"}
+	rt.sweepTimeout = time.Second
+	if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
+		t.Fatal(st)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "failed")); got != 1 {
+		t.Errorf("%v sweeps counted as failed, want 1", got)
+	}
+	if _, err := suite.engine.ContainerInspect(testContext(t), e.ID); !cerrdefs.IsNotFound(err) {
+		t.Fatalf("the worker whose sweep timed out is still there: %v", err)
+	}
+	if again := mustEnsureWorker(t, rt, org); !again.Cold || again.ID == e.ID {
+		t.Errorf("the next ensure did not start a fresh worker: %+v", again)
 	}
 }
 
