@@ -40,8 +40,14 @@ const (
 )
 
 // oomEventWait bounds how long an exec killed by SIGKILL waits for the engine to say
-// whether the kernel's OOM killer did it; the engine reports the oom before exec_die.
+// whether the kernel's OOM killer did it.
 const oomEventWait = 2 * time.Second
+
+// oomAfterExit is how long an oom event may still come after the exec's exec_die: the
+// engine learns of the two from separate notices (the cgroup's memory events, the
+// process's exit) and passes them on in whichever order they arrive (CI saw an OOM kill
+// reported as a plain exit 137).
+const oomAfterExit = 500 * time.Millisecond
 
 // goneWait bounds how long an exec ended by a signal waits to learn whether its container
 // is dying too; only a program killed alone, with its container alive, waits it out.
@@ -824,17 +830,30 @@ func (d *Docker) outOfMemory(ctx context.Context, containerID, execID string, si
 			filters.Arg("event", string(events.ActionExecDie)),
 		),
 	})
+	return oomReported(messages, errs, execID, oomAfterExit, func(err error) {
+		d.log.Warn("engine events unavailable: OOM kill not confirmed", "id", shortID(containerID), "error", err)
+	})
+}
+
+// oomReported reads a container's oom and exec_die events until an oom (true), or until
+// after's grace past execID's exec_die, the stream's end or its error (false).
+func oomReported(messages <-chan events.Message, errs <-chan error, execID string, after time.Duration, failed func(error)) bool {
+	var grace <-chan time.Time
 	for {
 		select {
 		case m := <-messages:
 			if m.Action == events.ActionOOM {
 				return true
 			}
-			if m.Action == events.ActionExecDie && m.Actor.Attributes["execID"] == execID {
-				return false
+			if m.Action == events.ActionExecDie && m.Actor.Attributes["execID"] == execID && grace == nil {
+				grace = time.After(after)
 			}
+		case <-grace:
+			return false
 		case err := <-errs:
-			d.log.Warn("engine events unavailable: OOM kill not confirmed", "id", shortID(containerID), "error", err)
+			if grace == nil {
+				failed(err)
+			}
 			return false
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/prometheus/client_golang/prometheus"
@@ -515,5 +516,46 @@ func TestDockerRemoveWaitsOutARemovalUnderWay(t *testing.T) {
 		if _, err := suite.engine.ContainerInspect(ctx, u.ID); !cerrdefs.IsNotFound(err) {
 			t.Fatalf("removal %d: the container is still there: %v", i, err)
 		}
+	}
+}
+
+// The engine passes on an OOM kill's oom event and the killed exec's exec_die in whichever
+// order it learns of them: an oom shortly after the exec_die is still an OOM kill (CI saw
+// one reported as a plain exit 137 when the exec_die ended the wait). Another exec's
+// exec_die does not end it; without an oom the wait ends a grace after the exec_die.
+func TestOOMReportedInEitherOrder(t *testing.T) {
+	execDie := func(id string) events.Message {
+		return events.Message{Action: events.ActionExecDie, Actor: events.Actor{Attributes: map[string]string{"execID": id}}}
+	}
+	oom := events.Message{Action: events.ActionOOM}
+	cases := []struct {
+		name   string
+		stream []events.Message
+		want   bool
+	}{
+		{"oom first", []events.Message{oom, execDie("x")}, true},
+		{"oom after the exec_die", []events.Message{execDie("x"), oom}, true},
+		{"another exec's exit, then oom", []events.Message{execDie("other"), oom}, true},
+		{"exit alone", []events.Message{execDie("x")}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			messages := make(chan events.Message, len(tc.stream))
+			for _, m := range tc.stream {
+				messages <- m
+			}
+			failed := false
+			got := oomReported(messages, make(chan error), "x", 200*time.Millisecond, func(error) { failed = true })
+			if got != tc.want || failed {
+				t.Errorf("oom reported %v (stream error logged %v), want %v", got, failed, tc.want)
+			}
+		})
+	}
+	// A stream that fails before the exit is logged; one that ends after it is not.
+	errs := make(chan error, 1)
+	errs <- errors.New("gone")
+	logged := false
+	if oomReported(make(chan events.Message), errs, "x", time.Second, func(error) { logged = true }) || !logged {
+		t.Errorf("a failed stream: logged %v", logged)
 	}
 }

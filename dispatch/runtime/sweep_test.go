@@ -69,8 +69,8 @@ func TestDockerExecLeavesNothingBehind(t *testing.T) {
 }
 
 // A sweep that does not end within its bound removes the worker, and the next ensure
-// starts a fresh one. (The removal used the sweep's own context, spent by then: the
-// container stayed.)
+// starts a fresh one. (The exec the timeout cuts removes the container itself; the
+// sweep's own removal after it, once given the spent context, is not what this shows.)
 func TestDockerASweepThatTimesOutRemovesTheWorker(t *testing.T) {
 	requireEngine(t)
 	cfg := testConfig(t, nil)
