@@ -255,8 +255,9 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	if len(out.Result) > 0 {
 		result = out.Result
 	}
-	if errors.Is(err, runtime.ErrNotRunning) {
-		// The worker was gone before run-job could start in it (reaped as idle, say).
+	if errors.Is(err, runtime.ErrNotRunning) || errors.Is(err, runtime.ErrNotStarted) {
+		// The worker was gone before run-job could start in it (reaped as idle, say), or
+		// run-job itself never started (an engine under load failing an exec).
 		return d.unstarted(c, err, log)
 	}
 	if err != nil {

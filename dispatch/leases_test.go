@@ -207,6 +207,41 @@ func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
 	}
 }
 
+// A run-job that never started in a running worker (the engine failed the exec) is the
+// host's trouble too: the job is released, not counted as a crashed attempt.
+func TestARunJobThatNeverStartedReleasesTheJob(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	// The worker's main process runs, but run-job ("hermes-host" in BinDir) cannot start.
+	rt, err := runtime.NewProcess(runtime.Config{
+		Instance: "dispatch-test-unstarted", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
+		WorkerIdle: []string{filepath.Join(binDir, "hermes-host"), "worker", "idle"}, BinDir: t.TempDir(),
+		Output: io.Discard, Logger: slog.New(slog.DiscardHandler), Services: f.services(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	f.cfg.Runtime = rt
+	d := f.dispatcher(t)
+	ctx := context.Background()
+	if n, err := d.Cycle(ctx); err != nil || n != 2 {
+		t.Fatalf("first cycle: %d started, %v", n, err)
+	}
+	d.Wait()
+	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 {
+		t.Fatalf("jobs after run-job failed to start: %v, want all four queued again", st)
+	}
+	var released, other int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'released' AND reason LIKE '%program not started%'),
+		count(*) FILTER (WHERE outcome IS DISTINCT FROM 'released') FROM claim_attempts`).Scan(&released, &other); err != nil {
+		t.Fatal(err)
+	}
+	if released != 2 || other != 0 {
+		t.Fatalf("claim_attempts: %d released saying the program did not start, %d otherwise", released, other)
+	}
+}
+
 // Run keeps the side work going beside the cycles: workers idle past their timeout are
 // reaped, and a lease its holder left to expire is swept into an expiry event; at the end
 // the org leases are given back.

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,11 +65,19 @@ const engineCleanupTimeout = 30 * time.Second
 // of five).
 const sweepTimeout = time.Minute
 
+// A sweep the engine could not start (ErrNotStarted) is tried again, sweepTries times in
+// all, sweepRetryPause apart, within sweepTimeout, before the worker is given up.
+const (
+	sweepTries      = 3
+	sweepRetryPause = time.Second
+)
+
 // Docker runs each org's worker and dashboard as labelled containers on a Docker engine.
 type Docker struct {
 	cfg          Config
 	sweepCmd     []string      // kills what execs left in a worker (see sweep)
 	sweepTimeout time.Duration // sweepTimeout; tests shorten it
+	sweepPause   time.Duration // sweepRetryPause; tests shorten it
 	cli          *client.Client
 	log          *slog.Logger
 	locks        unitLocks
@@ -158,6 +167,7 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		// replaced (hermes-host worker sweep).
 		sweepCmd:     append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
 		sweepTimeout: sweepTimeout,
+		sweepPause:   sweepRetryPause,
 		cfg:          cfg,
 		cli:          cli,
 		log:          cfg.Logger.With("runtime", "docker"),
@@ -587,8 +597,8 @@ func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus,
 // every other process of that uid is gone. The container's init and main process run as
 // another uid (keeperUser) and survive it: the worker stays warm. kill(-1) is one atomic
 // pass of the kernel, so even a fork bomb ends in one call. A sweep that fails (it cannot
-// start in a container whose pids limit a fork bomb holds, say) removes the container
-// instead: the next ensure starts a fresh one. The sweep runs when the last exec in
+// start in a container whose pids limit a fork bomb holds, say; one the engine could not
+// start is tried again first) removes the container instead: the next ensure starts a fresh one. The sweep runs when the last exec in
 // flight ends, and before the first exec in a container this process did not start (one
 // adopted from an earlier dispatcher, which may have died before it could sweep); execs
 // wait while it runs. A cancelled exec needs none: it removes the container.
@@ -655,7 +665,25 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 	defer cancel()
 	began := time.Now()
 	var out, errOut strings.Builder
-	status, _, err := d.exec(sctx, name, u.id, Command{Args: d.sweepCmd, Stdout: &out, Stderr: &errOut})
+	var status ExitStatus
+	var err error
+	for try := 1; ; try++ {
+		out.Reset()
+		errOut.Reset()
+		status, _, err = d.exec(sctx, name, u.id, Command{Args: d.sweepCmd, Stdout: &out, Stderr: &errOut})
+		if !errors.Is(err, ErrNotStarted) || try == sweepTries {
+			break
+		}
+		d.log.Warn("worker sweep did not start: trying again", "container", name, "try", try, "error", err)
+		pause := time.NewTimer(d.sweepPause)
+		select {
+		case <-pause.C:
+			continue
+		case <-sctx.Done():
+			pause.Stop()
+		}
+		break
+	}
 	var killed int
 	if err == nil && status.Code == 0 {
 		if _, serr := fmt.Sscanf(out.String(), "swept %d", &killed); serr != nil {
@@ -723,7 +751,9 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 		}
 		_ = hj.CloseWrite()
 	}()
-	_, copyErr := stdcopy.StdCopy(orDiscard(cmd.Stdout), orDiscard(cmd.Stderr), hj.Reader)
+	// The engine writes why it could not start the program to the stream's stdout.
+	head := &headWriter{max: 512}
+	_, copyErr := stdcopy.StdCopy(io.MultiWriter(head, orDiscard(cmd.Stdout)), orDiscard(cmd.Stderr), hj.Reader)
 	if !stopWatching() {
 		return d.canceled(ctx, name, id)
 	}
@@ -731,6 +761,13 @@ func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitSt
 	if err != nil {
 		outcome, err := d.failure(ctx, name, id, errors.Join(copyErr, err))
 		return ExitStatus{}, outcome, err
+	}
+	if copyErr == nil && !inspected.Running && inspected.Pid == 0 {
+		// No process ever ran: the engine failed to start the exec (it then reports exit
+		// 126, or 127 for a program not found). Under a load average in the hundreds
+		// runc was seen to fail so now and then.
+		return ExitStatus{}, outcomeNotStarted, fmt.Errorf("%w: the engine reported exit %d: %s",
+			ErrNotStarted, inspected.ExitCode, strings.TrimSpace(head.String()))
 	}
 	status := ExitStatus{Code: inspected.ExitCode}
 	// A program that failed may have been killed by the OOM killer, or have failed
@@ -1067,3 +1104,18 @@ func orDiscard(w io.Writer) io.Writer {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// headWriter keeps the first max bytes written to it and takes the rest without keeping it.
+type headWriter struct {
+	buf bytes.Buffer
+	max int
+}
+
+func (h *headWriter) Write(p []byte) (int, error) {
+	if room := h.max - h.buf.Len(); room > 0 {
+		h.buf.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+func (h *headWriter) String() string { return strings.ToValidUTF8(h.buf.String(), "") }

@@ -27,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"runtime", "role", "start"}),
 		execs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hermes_runtime_execs_total",
-			Help: "Execs in org workers, by runtime and outcome (exited, out_of_memory, canceled, worker_gone, failed).",
+			Help: "Execs in org workers, by runtime and outcome (exited, out_of_memory, canceled, worker_gone, not_started, failed).",
 		}, []string{"runtime", "outcome"}),
 		exitCodes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hermes_runtime_exec_exit_codes_total",
@@ -80,6 +80,7 @@ const (
 	outcomeOutOfMemory = "out_of_memory"
 	outcomeCanceled    = "canceled"
 	outcomeWorkerGone  = "worker_gone"
+	outcomeNotStarted  = "not_started"
 	outcomeFailed      = "failed"
 )
 

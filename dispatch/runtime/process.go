@@ -287,7 +287,7 @@ func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus
 func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, command Command) (ExitStatus, string, error) {
 	cmd, info, err := p.command(u.org, u.name, p.cfg.dirs(u.org), command.Args, command.Env)
 	if err != nil {
-		return ExitStatus{}, outcomeFailed, err
+		return ExitStatus{}, outcomeNotStarted, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 	// Pipes made here, rather than by os/exec, let Wait return as soon as the program
 	// exits: its leftovers are then killed, and only after that is the output drained.
@@ -318,7 +318,7 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 	stdoutW.Close()
 	stderrW.Close()
 	if err != nil {
-		return ExitStatus{}, outcomeFailed, err
+		return ExitStatus{}, outcomeNotStarted, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 	defer t.release()
 	p.mu.Lock()

@@ -36,7 +36,9 @@ type Runtime interface {
 	// Exec runs cmd in the org's running worker and waits for it. A non-zero exit is a
 	// status, not an error. When ctx ends first the program and everything it started
 	// are killed and the error wraps ctx.Err(). ErrWorkerGone says the worker died
-	// under the program; ErrNotRunning that there was no worker to run in.
+	// under the program; ErrNotRunning that there was no worker to run in; ErrNotStarted
+	// that the program never started (nothing it would have done happened, so running
+	// it again is safe).
 	Exec(ctx context.Context, org string, cmd Command) (ExitStatus, error)
 	// EnsureDashboard starts the org's dashboard unless one is running. A running
 	// dashboard is kept as it is, whatever d says, except that it is recreated, like a
@@ -137,6 +139,7 @@ var (
 	ErrInvalidOrg = errors.New("invalid organization id")
 	ErrNotRunning = errors.New("worker not running")
 	ErrWorkerGone = errors.New("worker gone")
+	ErrNotStarted = errors.New("program not started")
 	ErrNoSoul     = errors.New("org home has no SOUL.md")
 	// ErrNameTaken says an org's container name is held on the engine by a container of
 	// another scope (or one not managed by the host), which is never removed.

@@ -326,6 +326,18 @@ func testExitCodes(t *testing.T, h harness) {
 	if got := testutil.ToFloat64(cfg.Metrics.execs.WithLabelValues(h.kind, outcomeExited)); got != 4 {
 		t.Errorf("exited execs counted %v, want 4", got)
 	}
+	// A program that never started is not an exit status: the caller may run it again.
+	_, err = rt.Exec(testContext(t), org, Command{Args: []string{"no-such-program"}, Stdin: strings.NewReader("x")})
+	if !errors.Is(err, ErrNotStarted) || !strings.Contains(err.Error(), "no-such-program") {
+		t.Errorf("exec of a program that does not exist: %v, want ErrNotStarted naming it", err)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.execs.WithLabelValues(h.kind, outcomeNotStarted)); got != 1 {
+		t.Errorf("execs not started counted %v, want 1", got)
+	}
+	// The worker is still there for the next program.
+	if out, _, status := run(t, rt, org, "again\n", nil, "testagent", "echo"); status.Code != 0 || out != "again\n" {
+		t.Errorf("exec after one that did not start: %v, output %q", status, out)
+	}
 }
 
 func testCancel(t *testing.T, h harness) {

@@ -1,9 +1,13 @@
 package runtime
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +15,8 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -90,6 +96,52 @@ func TestDockerASweepThatTimesOutRemovesTheWorker(t *testing.T) {
 	}
 	if again := mustEnsureWorker(t, rt, org); !again.Cold || again.ID == e.ID {
 		t.Errorf("the next ensure did not start a fresh worker: %+v", again)
+	}
+}
+
+// A sweep the engine does not start (it failed execs now and then under a load average in
+// the hundreds) is tried again before the worker is given up. Here it never can start: it
+// is tried sweepTries times, then the worker is removed.
+func TestDockerASweepThatDoesNotStartIsTriedAgain(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	org := newOrg(t, cfg, "sweep-unstarted")
+	e := mustEnsureWorker(t, rt, org)
+	rt.sweepCmd = []string{"no-such-sweeper"}
+	rt.sweepPause = 10 * time.Millisecond
+	since := time.Now()
+	if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
+		t.Fatal(st)
+	}
+	ctx, cancel := context.WithTimeout(testContext(t), 10*time.Second)
+	defer cancel()
+	msgs, errs := suite.engine.Events(ctx, events.ListOptions{
+		Since: strconv.FormatInt(since.Unix()-1, 10), Until: strconv.FormatInt(time.Now().Unix()+1, 10),
+		Filters: filters.NewArgs(filters.Arg("container", e.ID), filters.Arg("event", "exec_create")),
+	})
+	tries := 0
+	for done := false; !done; {
+		select {
+		case m := <-msgs:
+			if strings.HasPrefix(string(m.Action), "exec_create: no-such-sweeper") {
+				tries++
+			}
+		case err := <-errs:
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			done = true
+		}
+	}
+	if tries != sweepTries {
+		t.Errorf("the sweep was tried %d times, want %d", tries, sweepTries)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "failed")); got != 1 {
+		t.Errorf("%v sweeps counted as failed, want 1", got)
+	}
+	if _, err := suite.engine.ContainerInspect(testContext(t), e.ID); !cerrdefs.IsNotFound(err) {
+		t.Fatalf("the worker whose sweep never started is still there: %v", err)
 	}
 }
 
