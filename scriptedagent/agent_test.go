@@ -101,3 +101,42 @@ func TestConfigYAMLProviderIsProbedThenStreamed(t *testing.T) {
 		t.Fatalf("no session_id line on stderr:\n%s", errb.String())
 	}
 }
+
+// The start-up probe is best effort, as the real CLI's is: an endpoint whose probe cannot
+// connect (the connection dropped here; a connect timeout under load in the Docker scale
+// run) ends the probing, not the run.
+func TestAProbeThatCannotConnectDoesNotFailTheRun(t *testing.T) {
+	var log endpointLog
+	demo := gateway.Demo()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.mu.Lock()
+		log.seen = append(log.seen, r.Method+" "+r.URL.Path)
+		log.mu.Unlock()
+		if strings.Contains(r.URL.Path, "/models") || strings.HasPrefix(r.URL.Path, "/api/") {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		demo.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	home := workspace(t)
+	config := "model:\n  provider: hermes-host\n  default: demo-worker\nproviders:\n  hermes-host:\n    base_url: " + srv.URL + "/v1\n    key_env: TEST_GATEWAY_KEY\n"
+	if err := os.WriteFile(filepath.Join(home, "config.yaml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TEST_GATEWAY_KEY", "the-org-key")
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"chat", "-q", "go", "-Q", "--source", "tool", "--max-turns", "3"}, &out, &errb)
+	// The run goes on past the probe to the job's own work: listProducts fails without a
+	// sartiq on PATH, as in the test above.
+	if code != ExitFailed || !strings.Contains(errb.String(), "sartiq") || strings.Contains(errb.String(), "model endpoint") {
+		t.Fatalf("exit %d\n%s", code, errb.String())
+	}
+	// The first leg failed to connect; the rest were not tried.
+	if got := log.requests(); len(got) != 1 || got[0] != "GET /v1/models" {
+		t.Fatalf("probes %v, want only the first", got)
+	}
+}

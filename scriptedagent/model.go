@@ -16,9 +16,12 @@ import (
 var client = &http.Client{Timeout: 2 * time.Minute}
 
 // probe asks what the real CLI asks an endpoint at start-up (HERMES.md): GET /v1/models
-// without auth, GET /api/v1/models, POST /api/show and GET /v1/models/<id>. Any answer will
-// do (404s are fine for the real one too); an endpoint that cannot be reached fails the run.
-func (r *run) probe() error {
+// without auth, GET /api/v1/models, POST /api/show and GET /v1/models/<id>. Like the real
+// one's (agent/model_metadata.py), the probe is best effort: any answer will do (404s too),
+// and a leg that cannot connect ends the probing (the real CLI then skips that host's probes
+// for 30 s and falls back to a default context length) without failing the run. An
+// endpoint that is really down fails the run at its first completion, after the retries.
+func (r *run) probe() {
 	root := strings.TrimSuffix(r.ep.baseURL, "/v1")
 	for _, p := range []struct{ method, url string }{
 		{http.MethodGet, r.ep.baseURL + "/models"},
@@ -33,16 +36,15 @@ func (r *run) probe() error {
 		}
 		req, err := http.NewRequestWithContext(r.ctx, p.method, p.url, body)
 		if err != nil {
-			return fmt.Errorf("model endpoint %s: %w", r.ep.baseURL, err)
+			return
 		}
 		resp, err := client.Do(req)
 		if err != nil {
-			return fmt.Errorf("model endpoint %s: %w", r.ep.baseURL, err)
+			return
 		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 	}
-	return nil
 }
 
 // usage is what one completion cost, from the stream's final usage chunk.
