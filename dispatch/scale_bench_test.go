@@ -497,6 +497,9 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 	extra := w.checkCompletedOnce(b, all, killedJobs)
 	b.ReportMetric(float64(extra), "extra-attempts")
 	if dispatched {
+		w.reportAttempts(b, all)
+	}
+	if dispatched {
 		for i, n := range owned {
 			if n == 0 {
 				b.Fatalf("dispatcher %d owned no org as the last job ended: the orgs were not shared", i)
@@ -728,6 +731,40 @@ func (w *scaleWorld) checkCompletedOnce(b *testing.B, jobs []string, killed map[
 			n, completed, completions, distinct, rerun, len(killed))
 	}
 	return attempts - n
+}
+
+// reportAttempts says what ended the dispatchers' attempts that did not complete their job
+// (the extra attempts): how many by outcome, and the most frequent reasons, cut to 80
+// characters, from claim_attempts.
+func (w *scaleWorld) reportAttempts(b *testing.B, jobs []string) {
+	b.Helper()
+	rows, err := w.cfg.DB.Query(context.Background(), `
+		SELECT coalesce(outcome, 'none'), left(coalesce(reason, ''), 80), count(*) FROM claim_attempts
+		WHERE job_id = ANY($1) AND outcome IS DISTINCT FROM 'completed'
+		GROUP BY 1, 2 ORDER BY 3 DESC`, jobs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	byOutcome := map[string]int{}
+	shown := 0
+	for rows.Next() {
+		var outcome, reason string
+		var n int
+		if err := rows.Scan(&outcome, &reason, &n); err != nil {
+			b.Fatal(err)
+		}
+		byOutcome[outcome] += n
+		if shown < 12 {
+			b.Logf("%d attempts %s: %s", n, outcome, reason)
+			shown++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	for outcome, n := range byOutcome {
+		b.ReportMetric(float64(n), "attempts-"+outcome)
+	}
 }
 
 // memoryWatch samples this process's Go heap and, on the process runtime, the workers'
