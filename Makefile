@@ -87,8 +87,9 @@ fuzz:
 ## bench: the benchmarks whose figures the README reports (real Postgres), with the runs at the
 ## product's default timings (HERMES_BENCH_SLOW=1, about a minute each) and the scale run
 ## (HERMES_BENCH_SCALE=1: 200 orgs, 5,000 jobs, two dispatchers, on processes and on Docker;
-## here about 20 minutes on processes and 50 on Docker) that a bare -bench skips. -p 1: one
-## package's benchmarks at a time, so no two share the cores.
+## here about 20 minutes on processes and 40 on Docker; HERMES_BENCH_SCALE_DOCKER=0 skips
+## Docker's) that a bare -bench skips. -p 1: one package's benchmarks at a time, so no two
+## share the cores.
 BENCHTIME ?= 2s
 bench: build
 	HERMES_BENCH_SLOW=1 HERMES_BENCH_SCALE=1 scripts/with-services.sh $(GO) test -p 1 -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 180m ./...
