@@ -168,33 +168,10 @@ func TestLosingTheHomeLeaseStopsTheAgent(t *testing.T) {
 // releasing in a loop.
 func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
 	f := newFixture(t, true)
-	f.cfg.ClaimEnabled = true
-	broken, err := runtime.NewProcess(runtime.Config{
-		Instance: "dispatch-test-broken", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
-		WorkerIdle: []string{"no-such-worker-program"}, BinDir: binDir, Output: io.Discard, Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { broken.Close() })
-	f.cfg.Runtime = broken
-	d := f.dispatcher(t)
+	d := f.releasesUnrun(t, runtime.Config{
+		Instance: "dispatch-test-broken", WorkerIdle: []string{"no-such-worker-program"}, BinDir: binDir,
+	}, "the host could not start the worker: %")
 	ctx := context.Background()
-	if n, err := d.Cycle(ctx); err != nil || n != 2 {
-		t.Fatalf("first cycle: %d started, %v", n, err)
-	}
-	d.Wait()
-	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 {
-		t.Fatalf("jobs after the workers failed to start: %v, want all four queued again", st)
-	}
-	var released, other int
-	if err := f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'released' AND reason LIKE 'the host could not start the worker: %'),
-		count(*) FILTER (WHERE outcome IS DISTINCT FROM 'released') FROM claim_attempts`).Scan(&released, &other); err != nil {
-		t.Fatal(err)
-	}
-	if released != 2 || other != 0 {
-		t.Fatalf("claim_attempts: %d released with the reason, %d otherwise", released, other)
-	}
 	var reclaims int
 	if err := f.backend.DB.QueryRow(ctx, `SELECT count(*) FROM agent_job_events WHERE kind = 'reclaim'`).Scan(&reclaims); err != nil || reclaims != 0 {
 		t.Fatalf("%d re-claims (%v)", reclaims, err)
@@ -211,13 +188,23 @@ func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
 // host's trouble too: the job is released, not counted as a crashed attempt.
 func TestARunJobThatNeverStartedReleasesTheJob(t *testing.T) {
 	f := newFixture(t, true)
-	f.cfg.ClaimEnabled = true
 	// The worker's main process runs, but run-job ("hermes-host" in BinDir) cannot start.
-	rt, err := runtime.NewProcess(runtime.Config{
-		Instance: "dispatch-test-unstarted", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(t.TempDir(), "workspaces"),
-		WorkerIdle: []string{filepath.Join(binDir, "hermes-host"), "worker", "idle"}, BinDir: t.TempDir(),
-		Output: io.Discard, Logger: slog.New(slog.DiscardHandler), Services: f.services(t),
-	})
+	f.releasesUnrun(t, runtime.Config{
+		Instance: "dispatch-test-unstarted", WorkerIdle: []string{filepath.Join(binDir, "hermes-host"), "worker", "idle"},
+		BinDir: t.TempDir(), Services: f.services(t),
+	}, "%program not started%")
+}
+
+// releasesUnrun runs a cycle of a claiming dispatcher on a process runtime of rc (given the
+// fixture's roots) and checks that both jobs it claimed were released with a reason like
+// reason, no attempt ending otherwise, and all four jobs are queued again. It returns the
+// dispatcher.
+func (f *fixture) releasesUnrun(t *testing.T, rc runtime.Config, reason string) *dispatch.Dispatcher {
+	t.Helper()
+	f.cfg.ClaimEnabled = true
+	rc.OrgsRoot, rc.WorkspacesRoot = f.cfg.OrgsRoot, filepath.Join(t.TempDir(), "workspaces")
+	rc.Output, rc.Logger = io.Discard, slog.New(slog.DiscardHandler)
+	rt, err := runtime.NewProcess(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,16 +217,17 @@ func TestARunJobThatNeverStartedReleasesTheJob(t *testing.T) {
 	}
 	d.Wait()
 	if st := f.statuses(t); st[sartiq.StatusQueued] != 4 {
-		t.Fatalf("jobs after run-job failed to start: %v, want all four queued again", st)
+		t.Fatalf("jobs after their runs failed to start: %v, want all four queued again", st)
 	}
 	var released, other int
-	if err := f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'released' AND reason LIKE '%program not started%'),
-		count(*) FILTER (WHERE outcome IS DISTINCT FROM 'released') FROM claim_attempts`).Scan(&released, &other); err != nil {
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'released' AND reason LIKE $1),
+		count(*) FILTER (WHERE outcome IS DISTINCT FROM 'released') FROM claim_attempts`, reason).Scan(&released, &other); err != nil {
 		t.Fatal(err)
 	}
 	if released != 2 || other != 0 {
-		t.Fatalf("claim_attempts: %d released saying the program did not start, %d otherwise", released, other)
+		t.Fatalf("claim_attempts: %d released with a reason like %q, %d otherwise", released, reason, other)
 	}
+	return d
 }
 
 // Run keeps the side work going beside the cycles: workers idle past their timeout are

@@ -57,6 +57,17 @@ func workspace(t *testing.T) string {
 	return home
 }
 
+// configureProvider writes home's config.yaml as the host does: a provider at baseURL
+// whose key is in the environment.
+func configureProvider(t *testing.T, home, baseURL string) {
+	t.Helper()
+	config := "model:\n  provider: hermes-host\n  default: demo-worker\nproviders:\n  hermes-host:\n    base_url: " + baseURL + "\n    key_env: TEST_GATEWAY_KEY\n"
+	if err := os.WriteFile(filepath.Join(home, "config.yaml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TEST_GATEWAY_KEY", "the-org-key")
+}
+
 // A run configured the way the real CLI ignores (OPENAI_BASE_URL, OPENAI_API_KEY,
 // HERMES_MODEL) fails as the real one does offline, and never calls that endpoint.
 func TestEnvironmentAloneConfiguresNoEndpoint(t *testing.T) {
@@ -80,11 +91,7 @@ func TestConfigYAMLProviderIsProbedThenStreamed(t *testing.T) {
 	var log endpointLog
 	srv := log.start(t)
 	home := workspace(t)
-	config := "model:\n  provider: hermes-host\n  default: demo-worker\nproviders:\n  hermes-host:\n    base_url: " + srv.URL + "/v1\n    key_env: TEST_GATEWAY_KEY\n"
-	if err := os.WriteFile(filepath.Join(home, "config.yaml"), []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("TEST_GATEWAY_KEY", "the-org-key")
+	configureProvider(t, home, srv.URL+"/v1")
 	var out, errb bytes.Buffer
 	code := Main(context.Background(), []string{"chat", "-q", "go", "-Q", "--source", "tool", "--max-turns", "3"}, &out, &errb)
 	// With an empty catalogue nothing is proposed; listProducts fails without a sartiq on
@@ -123,11 +130,7 @@ func TestAProbeThatCannotConnectDoesNotFailTheRun(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	home := workspace(t)
-	config := "model:\n  provider: hermes-host\n  default: demo-worker\nproviders:\n  hermes-host:\n    base_url: " + srv.URL + "/v1\n    key_env: TEST_GATEWAY_KEY\n"
-	if err := os.WriteFile(filepath.Join(home, "config.yaml"), []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("TEST_GATEWAY_KEY", "the-org-key")
+	configureProvider(t, home, srv.URL+"/v1")
 	var out, errb bytes.Buffer
 	code := Main(context.Background(), []string{"chat", "-q", "go", "-Q", "--source", "tool", "--max-turns", "3"}, &out, &errb)
 	// The run goes on past the probe to the job's own work: listProducts fails without a
