@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/lease"
@@ -188,10 +190,19 @@ func TestAWorkerThatCannotStartReleasesTheJobAndBacksOff(t *testing.T) {
 // host's trouble too: the job is released, not counted as a crashed attempt.
 func TestARunJobThatNeverStartedReleasesTheJob(t *testing.T) {
 	f := newFixture(t, true)
-	// The worker's main process runs, but run-job ("hermes-host" in BinDir) cannot start.
+	// The worker's main process runs (the host's binary under another name, in BinDir, which
+	// a sandbox mounts), but run-job ("hermes-host") is not in BinDir and cannot start.
+	bin := t.TempDir()
+	host, err := os.ReadFile(filepath.Join(binDir, "hermes-host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "worker-only"), host, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	f.releasesUnrun(t, runtime.Config{
-		Instance: "dispatch-test-unstarted", WorkerIdle: []string{filepath.Join(binDir, "hermes-host"), "worker", "idle"},
-		BinDir: t.TempDir(), Services: f.services(t),
+		Instance: "dispatch-test-unstarted", WorkerIdle: []string{"worker-only", "worker", "idle"},
+		BinDir: bin, Services: f.services(t),
 	}, "%program not started%")
 }
 
@@ -225,7 +236,12 @@ func (f *fixture) releasesUnrun(t *testing.T, rc runtime.Config, reason string) 
 		t.Fatal(err)
 	}
 	if released != 2 || other != 0 {
-		t.Fatalf("claim_attempts: %d released with a reason like %q, %d otherwise", released, reason, other)
+		var ended []string
+		rows, err := f.db.Query(ctx, `SELECT coalesce(outcome, '') || ': ' || coalesce(reason, '') FROM claim_attempts`)
+		if err == nil {
+			ended, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		t.Fatalf("claim_attempts: %d released with a reason like %q, %d otherwise (%v): %q", released, reason, other, err, ended)
 	}
 	return d
 }

@@ -28,6 +28,7 @@ type metrics struct {
 	gaveUp          prometheus.Counter
 	readySteps      prometheus.Counter
 	workerWrites    *prometheus.CounterVec
+	keepRound       prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -65,13 +66,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		workerWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hermes_dispatch_worker_file_write_errors_total",
 			Help: "Failed file writes (a job's checkpoint, the org home's files) that workers' run-job, which is never scraped, reported in their outcomes, by cause as hermes_file_write_errors_total counts them: a disk under ORGS_ROOT."},
 			[]string{"cause"}),
+		keepRound: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hermes_dispatch_org_lease_refresh_round_seconds",
+			Help: "Duration of one round refreshing every owned org: lease (it must stay well under a third of LEASE_TTL).", Buckets: prometheus.DefBuckets}),
 	}
 	for _, c := range atomicfile.WriteErrorCauses() {
 		m.workerWrites.WithLabelValues(c)
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycle, m.gateClosed, m.claims, m.outcomes, m.inFlight, m.owned, m.attemptMismatch, m.claimToAgent, m.skillsDisabled, m.outputDropped, m.wrongOrg,
-			m.crashesEnded, m.gaveUp, m.readySteps, m.workerWrites)
+			m.crashesEnded, m.gaveUp, m.readySteps, m.workerWrites, m.keepRound)
 	}
 	return m
 }

@@ -1,0 +1,61 @@
+package dispatch
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"hermeshost/pg/pgtest"
+)
+
+// Ownership holds while each refresh is slow: 40 owned orgs, every lease update held 50 ms
+// by the database (a commit on a saturated machine; the Docker scale run's dispatchers
+// each owned 100 orgs at a load average above 300), and a lease TTL of 1.5 s. One refresh
+// after another a round takes 2 s and the last leases expire before their turn; a few at a
+// time it takes a fraction of the TTL.
+func TestOwnershipHoldsWhenRefreshesAreSlow(t *testing.T) {
+	_, db := pgtest.Schema(t)
+	reg := prometheus.NewPedanticRegistry()
+	d := New(Config{DB: db, Registerer: reg, Instance: "keep-test", Log: slog.New(slog.DiscardHandler), LeaseTTL: 1500 * time.Millisecond})
+	t.Cleanup(d.Close)
+	ctx := t.Context()
+	const orgs = 40
+	for i := range orgs {
+		org := fmt.Sprintf("org-%02d", i)
+		l, err := d.leases.TryAcquire(ctx, "org:"+org, d.holder, d.cfg.LeaseTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.owned[org] = &ownership{lease: l, lastWork: time.Now()}
+	}
+	if _, err := db.Exec(ctx, `
+		CREATE FUNCTION slow_lease_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
+		CREATE TRIGGER slow_lease_update BEFORE UPDATE ON leases FOR EACH ROW EXECUTE FUNCTION slow_lease_update()`); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		d.keepRound(ctx)
+	}
+	if owned := d.Owned(); len(owned) != orgs {
+		t.Fatalf("%d of %d orgs still owned after three rounds of slow refreshes", len(owned), orgs)
+	}
+	if n := testutil.CollectAndCount(d.metrics.keepRound); n != 1 {
+		t.Fatalf("the round histogram has %d series", n)
+	}
+	var rounds uint64
+	if mfs, err := reg.Gather(); err == nil {
+		for _, mf := range mfs {
+			if mf.GetName() == "hermes_dispatch_org_lease_refresh_round_seconds" {
+				rounds = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if rounds != 3 {
+		t.Fatalf("%d rounds observed, want 3", rounds)
+	}
+}
