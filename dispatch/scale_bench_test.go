@@ -512,7 +512,17 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 				b.ReportMetric((after.sum-before.sum)/float64(n), fmt.Sprintf("cycle-mean-s-%c", 'a'+i))
 			}
 			b.ReportMetric(after.ready-before.ready, fmt.Sprintf("ready-steps-%c", 'a'+i))
+			if n := after.keepRounds - before.keepRounds; n > 0 {
+				b.ReportMetric((after.keepSum-before.keepSum)/float64(n), fmt.Sprintf("keep-round-mean-s-%c", 'a'+i))
+			}
 		}
+		// Org leases that lapsed and were taken over during the round (from lease_events).
+		var takeovers int
+		if err := w.cfg.DB.QueryRow(context.Background(), `SELECT count(*) FROM lease_events
+			WHERE kind = 'takeover' AND key LIKE 'org:%' AND at >= $1`, began).Scan(&takeovers); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(takeovers), "org-lease-takeovers")
 	}
 
 	// Latencies of each job's first attempt that started, from the marks seen; a line the timeline missed (seen
@@ -584,6 +594,8 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 type cycleTotals struct {
 	count      uint64
 	sum, ready float64
+	keepRounds uint64  // rounds refreshing the org: leases
+	keepSum    float64 // their seconds
 }
 
 // cycleTotals reads each dispatcher's totals from its registry, in ds's order.
@@ -601,6 +613,9 @@ func (w *scaleWorld) cycleTotals(b *testing.B) []cycleTotals {
 				out[i].count, out[i].sum = h.GetSampleCount(), h.GetSampleSum()
 			case "hermes_dispatch_ready_steps_total":
 				out[i].ready = mf.GetMetric()[0].GetCounter().GetValue()
+			case "hermes_dispatch_org_lease_refresh_round_seconds":
+				h := mf.GetMetric()[0].GetHistogram()
+				out[i].keepRounds, out[i].keepSum = h.GetSampleCount(), h.GetSampleSum()
 			}
 		}
 	}
