@@ -8,8 +8,9 @@
 //	  - its model endpoint comes from $HERMES_HOME/config.yaml only (model.provider, and the
 //	    providers block's base_url and key_env); OPENAI_BASE_URL and HERMES_MODEL are not read,
 //	    and a home without a provider fails the run as the real CLI does offline;
-//	  - it probes the endpoint at start-up, best effort (a probe that cannot connect ends
-//	    the probing, never the run), and streams every completion (stream: true); a
+//	  - it probes the endpoint at start-up, best effort (a failed leg goes on to the next,
+//	    a connect timeout ends the probing, neither ends the run), and streams every
+//	    completion (stream: true); a
 //	    call that cannot connect or whose stream breaks is tried three more times, as the
 //	    real CLI does (it waits 100 ms, doubling, where the real one waits seconds);
 //	  - it stores sessions and messages in $HERMES_HOME/state.db in the shape of the pinned

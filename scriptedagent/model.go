@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -17,10 +18,11 @@ var client = &http.Client{Timeout: 2 * time.Minute}
 
 // probe asks what the real CLI asks an endpoint at start-up (HERMES.md): GET /v1/models
 // without auth, GET /api/v1/models, POST /api/show and GET /v1/models/<id>. Like the real
-// one's (agent/model_metadata.py), the probe is best effort: any answer will do (404s too),
-// and a leg that cannot connect ends the probing (the real CLI then skips that host's probes
-// for 30 s and falls back to a default context length) without failing the run. An
-// endpoint that is really down fails the run at its first completion, after the retries.
+// one's (agent/model_metadata.py), the probe is best effort and never fails the run: any
+// answer will do (404s too), a leg that fails goes on to the next, and a connect that times
+// out ends the probing (the real CLI then skips that host's probes for 30 s and falls back
+// to a default context length). An endpoint that is really down fails the run at its first
+// completion, after the retries.
 func (r *run) probe() {
 	root := strings.TrimSuffix(r.ep.baseURL, "/v1")
 	for _, p := range []struct{ method, url string }{
@@ -39,8 +41,12 @@ func (r *run) probe() {
 			return
 		}
 		resp, err := client.Do(req)
-		if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" && op.Timeout() {
 			return
+		}
+		if err != nil {
+			continue
 		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
