@@ -80,6 +80,15 @@ type Config struct {
 	Plugin    orghome.Plugin
 	LeaseTTL  time.Duration // DefaultLeaseTTL when zero
 	Log       *slog.Logger
+	// Sweep, when set, ends whatever a turn's agent left running: the agent runs as the
+	// dashboard's own uid in its unit, and what it detached (setsid, double fork) leaves
+	// the process group its stop kills. It is called once the agent has exited, before the
+	// turn gives up the home: lease. An error says something may still run there: the
+	// turn fails, its home: lease is left to expire rather than released (no agent may
+	// start on the home beside what is left), and Broken is called, which must end the
+	// unit (the dashboard exits; its unit's end takes the rest).
+	Sweep  func() error
+	Broken func(error)
 }
 
 // Turn is a snapshot of one turn.
@@ -137,6 +146,8 @@ type Runner struct {
 // NewRunner starts the Runner's loop; Close ends it.
 func NewRunner(cfg Config) (*Runner, error) {
 	switch {
+	case (cfg.Sweep == nil) != (cfg.Broken == nil):
+		return nil, errors.New("chat: Sweep and Broken go together")
 	case cfg.Home == nil || cfg.Home.ID != cfg.Org:
 		return nil, errors.New("chat: no home of the org")
 	case cfg.Control == nil:
@@ -426,7 +437,12 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 		}
 		return StateFailed, err.Error(), "", ""
 	}
-	defer r.release(homeLease)
+	leftBehind := false // the sweep failed: the home: lease is left to expire
+	defer func() {
+		if !leftBehind {
+			r.release(homeLease)
+		}
+	}()
 
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -446,6 +462,14 @@ func (r *Runner) run(t *turn) (state, reason, answer, session string) {
 	res, code, err := r.exec(runCtx, t)
 	unwatch()
 	<-watched
+	if r.cfg.Sweep != nil {
+		if serr := r.cfg.Sweep(); serr != nil {
+			leftBehind = true
+			r.cfg.Log.Error("chat: what the turn's agent left running could not be ended; the dashboard stops", "turn", t.ID, "err", serr)
+			r.cfg.Broken(serr)
+			return StateFailed, "what the agent left running could not be ended (" + serr.Error() + "): the dashboard stops", "", res.SessionID
+		}
+	}
 	if runCtx.Err() != nil {
 		if errors.Is(context.Cause(runCtx), errLeaseLost) {
 			return StateFailed, context.Cause(runCtx).Error(), "", res.SessionID

@@ -43,14 +43,15 @@ func useSandboxedLimits(t *testing.T, f *fixture, limits runtime.Limits) *runtim
 	return rt
 }
 
-// hostProcessesWith counts the host's processes whose command line holds marker.
+// hostProcessesWith counts the host's processes whose arguments, joined by spaces, hold
+// marker.
 func hostProcessesWith(t *testing.T, marker string) int {
 	t.Helper()
 	n := 0
 	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range dirs {
 		raw, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(raw), marker) {
+		if err == nil && strings.Contains(strings.ReplaceAll(string(raw), "\x00", " "), marker) {
 			n++
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -72,7 +73,7 @@ type chatDash struct {
 	home   *orgHome
 }
 
-func newChatDash(t testing.TB, h *orgHome) *chatDash {
+func newChatDash(t testing.TB, h *orgHome, opts ...func(*chat.Config)) *chatDash {
 	t.Helper()
 	bin := scriptedAgent(t)
 	_, pool := pgtest.Schema(t)
@@ -108,11 +109,15 @@ func newChatDash(t testing.TB, h *orgHome) *chatDash {
 	gw := hosttest.DemoGateway(t, gatewaySecret, "host-key-for-dashboard-tests")
 	logs := &testio.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	runner, err := chat.NewRunner(chat.Config{
+	cfg := chat.Config{
 		Org: h.org, Home: home, Control: client, HermesBin: bin, MaxTurns: 5,
 		GatewayURL: gw, GatewayKey: service.Secret(gwKey), Model: "demo-worker",
 		LeaseTTL: 3 * time.Second, Log: log,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	runner, err := chat.NewRunner(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,10 +254,12 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 // agentsOn are the pids of processes running with HERMES_HOME=dir: the agents of that home.
 func agentsOn(t *testing.T, dir string) []string {
 	t.Helper()
-	procs, err := filepath.Glob("/proc/[0-9]*/environ")
-	if err != nil {
-		t.Fatal(err)
-	}
+	return agentsOnDir(dir)
+}
+
+// agentsOnDir lists the processes whose HERMES_HOME is dir.
+func agentsOnDir(dir string) []string {
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	var pids []string
 	for _, p := range procs {
 		env, err := os.ReadFile(p)
@@ -464,5 +471,96 @@ func TestATurnThatLosesItsLeaseKillsItsAgent(t *testing.T) {
 	}
 	if d.held("session:acme.new-" + id) {
 		t.Error("the session lease is still held")
+	}
+}
+
+// sweepProbe records, each time the Runner sweeps, whether an agent still ran on the home
+// and whether the turn still held home:acme; failWith makes the sweep fail.
+type sweepProbe struct {
+	mu       sync.Mutex
+	leases   *lease.Store
+	dir      string
+	failWith error
+	calls    []string // "agents=<n> home=<held>"
+	broken   []error
+}
+
+func (p *sweepProbe) options(c *chat.Config) {
+	c.Sweep = func() error {
+		info, err := p.leases.Holder(context.Background(), "home:acme")
+		held := err == nil && info.Held(time.Now())
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.calls = append(p.calls, fmt.Sprintf("agents=%d home=%v", len(agentsOnDir(p.dir)), held))
+		return p.failWith
+	}
+	c.Broken = func(err error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.broken = append(p.broken, err)
+	}
+}
+
+func (p *sweepProbe) seen() ([]string, []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.calls...), append([]error(nil), p.broken...)
+}
+
+// Every turn, done or stopped, is swept once its agent has exited and before it gives up
+// home:acme: nothing the agent detached may run beside the next agent on the home.
+func TestEveryTurnIsSweptAfterItsAgentAndBeforeItsHomeIsFree(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	probe := &sweepProbe{dir: acme.dir}
+	d := newChatDash(t, acme, probe.options)
+	probe.leases = d.leases
+	e := d.as("ada")
+	first := d.await(d.send(e, "", "What ships on Tuesdays?"), "the end", ended)
+	if first.State != chat.StateDone {
+		t.Fatalf("first turn %+v", first)
+	}
+	acme.write("scripted-agent.json", `{"chat_step_ms": 60000}`)
+	id := d.send(e, first.SessionID, "Take your time")
+	d.await(id, "the agent", func(t chat.Turn) bool { return t.State == chat.StateRunning && !t.AgentAt.IsZero() })
+	if _, ok := d.runner.Stop(id, "ada"); !ok {
+		t.Fatal("stop refused")
+	}
+	if second := d.await(id, "the end", ended); second.State != chat.StateStopped {
+		t.Fatalf("stopped turn %+v", second)
+	}
+	calls, broken := probe.seen()
+	want := []string{"agents=0 home=true", "agents=0 home=true"}
+	if strings.Join(calls, ", ") != strings.Join(want, ", ") || len(broken) != 0 {
+		t.Fatalf("sweeps %q (broken %v), want one per turn, each with the agent gone and the home still the turn's: %q", calls, broken, want)
+	}
+	if d.held("home:acme") {
+		t.Error("home:acme is still held after the turns")
+	}
+}
+
+// A sweep that fails fails its turn with the reason, calls Broken (the dashboard exits)
+// and leaves home:acme to expire instead of releasing it.
+func TestATurnWhoseSweepFailsLeavesItsHomeLeaseToExpire(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	probe := &sweepProbe{dir: acme.dir, failWith: errors.New("after 5s, 1 processes are still there (pids [42])")}
+	d := newChatDash(t, acme, probe.options)
+	probe.leases = d.leases
+	turn := d.await(d.send(d.as("ada"), "", "What ships on Tuesdays?"), "the end", ended)
+	if turn.State != chat.StateFailed || !strings.Contains(turn.Reason, "could not be ended (after 5s, 1 processes are still there") {
+		t.Fatalf("turn %+v, want failed with the sweep's reason", turn)
+	}
+	if _, broken := probe.seen(); len(broken) != 1 || broken[0] != probe.failWith {
+		t.Fatalf("Broken called with %v, want once with the sweep's error", broken)
+	}
+	if !d.held("home:acme") {
+		t.Fatal("home:acme was released while what the agent left may still run")
+	}
+	// No longer refreshed, it lapses within its TTL (3s here).
+	deadline := time.Now().Add(10 * time.Second)
+	for d.held("home:acme") {
+		if time.Now().After(deadline) {
+			t.Fatal("home:acme is still held 10s after its turn ended")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -14,11 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"hermeshost/chat"
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
 	"hermeshost/hermesplugin"
+	"hermeshost/internal/procsweep"
 	"hermeshost/internal/unitnet"
 	"hermeshost/orghome"
 	"hermeshost/service"
@@ -155,12 +158,14 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 		closeHome()
 		return nil, nil, fmt.Errorf("stdin: CONTROL_URL or CONTROL_KEY: %w", err)
 	}
-	runner, err := chat.NewRunner(chat.Config{
+	chatCfg := chat.Config{
 		Org: s.org, Home: home, Control: client, HermesBin: s.hermesBin, MaxTurns: s.maxTurns,
 		GatewayURL: gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
 		BundledSkills: s.bundled, Bundled: bundled, SkillsMax: s.skillsMax,
 		Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}, Log: ops.Log,
-	})
+	}
+	chatCfg.Sweep, chatCfg.Broken = chatSweep(ops)
+	runner, err := chat.NewRunner(chatCfg)
 	if err != nil {
 		closeHome()
 		return nil, nil, err
@@ -232,4 +237,47 @@ func dashboardCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// chatSweep is what ends a chat turn's leftovers: inside an org unit (the dashboard its
+// main process, under the unit's init, as a uid without capabilities), a sweep of every
+// other process of its uid once the turn's agent has exited; a sweep that leaves one
+// running ends the dashboard at once, without releasing the turn's home: lease, so its
+// unit's end takes what is left. Elsewhere (a dashboard run by hand on a host, or a process
+// runtime without bubblewrap) there is nothing it may sweep, and it says so once.
+func chatSweep(ops *service.Ops) (sweep func() error, broken func(error)) {
+	if err := procsweep.CheckMain(); err != nil {
+		ops.Log.Warn("dashboard: not inside an org unit, so what a chat turn's agent detaches outlives the turn", "reason", err.Error())
+		return nil, nil
+	}
+	sweeps := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hermes_chat_sweeps_total",
+		Help: "Sweeps of the dashboard's unit after a chat turn's agent exited, by result (clean: nothing left, " +
+			"killed: processes left were killed, failed: some outlived it and the dashboard exited).",
+	}, []string{"result"})
+	swept := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hermes_chat_swept_processes_total",
+		Help: "Processes a chat turn's agent left running, killed by the sweep after the turn.",
+	})
+	ops.Registry.MustRegister(sweeps, swept)
+	sweep = func() error {
+		res, err := procsweep.SweepAsMain(5 * time.Second)
+		swept.Add(float64(res.Killed))
+		switch {
+		case err != nil:
+			sweeps.WithLabelValues("failed").Inc()
+			return err
+		case res.Killed > 0:
+			sweeps.WithLabelValues("killed").Inc()
+			ops.Log.Warn("dashboard: ended what a chat turn's agent left running", "processes", res.Killed)
+		default:
+			sweeps.WithLabelValues("clean").Inc()
+		}
+		return nil
+	}
+	broken = func(err error) {
+		ops.Log.Error("dashboard: exiting at once, so that its unit's end takes what the sweep could not", "err", err.Error())
+		os.Exit(1)
+	}
+	return sweep, broken
 }

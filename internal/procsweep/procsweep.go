@@ -9,6 +9,11 @@
 // lock: no fork can slip between two kills, so a fork bomb is ended in one call, and a
 // fork that was under way fails on the pending SIGKILL. The sweep then waits until the
 // processes are gone from /proc (reaped by the unit's init), repeating the kill.
+//
+// A dashboard's unit has no keeper: the dashboard is its main process and runs its chat
+// turns' agents as its own uid. It sweeps from itself (SweepAsMain) once a turn's agent
+// has exited, and kill(-1), which never signals the caller or pid 1, spares it and the
+// unit's init.
 package procsweep
 
 import (
@@ -40,6 +45,21 @@ func Sweep(within time.Duration, keeper string) (Result, error) {
 	if err := checkInUnit(keeper); err != nil {
 		return Result{}, err
 	}
+	return sweep(within)
+}
+
+// SweepAsMain is Sweep for a unit whose main process is the caller (a dashboard, whose
+// chat turns' agents run as its own uid): it kills every other process of the caller's
+// uid in its pid namespace but the namespace's init, which kill(-1) spares. CheckMain is
+// its check that this runs inside a unit.
+func SweepAsMain(within time.Duration) (Result, error) {
+	if err := CheckMain(); err != nil {
+		return Result{}, err
+	}
+	return sweep(within)
+}
+
+func sweep(within time.Duration) (Result, error) {
 	uid := os.Getuid()
 	self := os.Getpid()
 	found := ours(uid, self)
@@ -65,6 +85,59 @@ func Sweep(within time.Duration, keeper string) (Result, error) {
 // 1 runs keeper as another uid: inside a unit's pid namespace, kill(-1) reaches the
 // unit's execs only.
 func checkInUnit(keeper string) error {
+	if err := checkUnprivileged(); err != nil {
+		return err
+	}
+	args, err := cmdline("1")
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotInUnit, err)
+	}
+	if keeper == "" || !strings.HasSuffix(args, " "+keeper) && args != keeper {
+		return fmt.Errorf("%w: pid 1 is %q, not the unit's %q", ErrNotInUnit, args, keeper)
+	}
+	if uid, err := uidOf("1"); err != nil || uid == os.Getuid() {
+		return fmt.Errorf("%w: pid 1 runs as this uid (%d, %v)", ErrNotInUnit, uid, err)
+	}
+	return nil
+}
+
+// CheckMain refuses unless the caller has no effective capability, is not root, and is
+// its unit's main process: not pid 1, whose command line (the unit's init: Docker's, or
+// bubblewrap's) ends with the caller's own. On a host, pid 1 is the host's init, and
+// kill(-1) would reach every process of the user.
+func CheckMain() error {
+	if err := checkUnprivileged(); err != nil {
+		return err
+	}
+	if os.Getpid() == 1 {
+		return fmt.Errorf("%w: this is pid 1", ErrNotInUnit)
+	}
+	own, err := cmdline("self")
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotInUnit, err)
+	}
+	init, err := cmdline("1")
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotInUnit, err)
+	}
+	if own == "" || !strings.HasSuffix(init, " "+own) {
+		return fmt.Errorf("%w: pid 1 is %q, not an init of %q", ErrNotInUnit, init, own)
+	}
+	return nil
+}
+
+// cmdline is a process's arguments joined by spaces.
+func cmdline(pid string) (string, error) {
+	raw, err := os.ReadFile("/proc/" + pid + "/cmdline")
+	if err != nil {
+		return "", err
+	}
+	return strings.Join(strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00"), " "), nil
+}
+
+// checkUnprivileged refuses root and any effective capability: kill(-1) then reaches
+// only processes of the caller's uid.
+func checkUnprivileged() error {
 	if os.Getuid() == 0 {
 		return fmt.Errorf("%w: running as root", ErrNotInUnit)
 	}
@@ -74,17 +147,6 @@ func checkInUnit(keeper string) error {
 	}
 	if n, err := strconv.ParseUint(caps, 16, 64); err != nil || n != 0 {
 		return fmt.Errorf("%w: effective capabilities %s", ErrNotInUnit, caps)
-	}
-	cmdline, err := os.ReadFile("/proc/1/cmdline")
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrNotInUnit, err)
-	}
-	args := strings.Join(strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00"), " ")
-	if keeper == "" || !strings.HasSuffix(args, " "+keeper) && args != keeper {
-		return fmt.Errorf("%w: pid 1 is %q, not the unit's %q", ErrNotInUnit, args, keeper)
-	}
-	if uid, err := uidOf("1"); err != nil || uid == os.Getuid() {
-		return fmt.Errorf("%w: pid 1 runs as this uid (%d, %v)", ErrNotInUnit, uid, err)
 	}
 	return nil
 }

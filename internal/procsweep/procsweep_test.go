@@ -16,3 +16,14 @@ func TestSweepRefusesOutsideAUnit(t *testing.T) {
 		}
 	}
 }
+
+// A dashboard's sweep refuses on the host too: pid 1 there is the host's init, not an init
+// of this process.
+func TestSweepAsMainRefusesOutsideAUnit(t *testing.T) {
+	if _, err := SweepAsMain(time.Second); !errors.Is(err, ErrNotInUnit) {
+		t.Fatalf("SweepAsMain on the host: %v, want ErrNotInUnit", err)
+	}
+	if err := CheckMain(); !errors.Is(err, ErrNotInUnit) {
+		t.Fatalf("CheckMain on the host: %v, want ErrNotInUnit", err)
+	}
+}
