@@ -151,7 +151,9 @@ var (
 	UnitLimitsNone = define(Var{Name: "UNIT_LIMITS_NONE", Default: "false",
 		Usage: "allow none in UNIT_MEMORY_LIMIT, UNIT_CPU_LIMIT and UNIT_PIDS_LIMIT (units unbounded there); without it none is refused"})
 	UnitUser = define(Var{Name: "UNIT_USER", Default: "10001:10001",
-		Usage: "the numeric uid:gid programs run as inside org containers; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
+		Usage: "with UNIT_UIDS=shared (or a dispatcher that is not root), the numeric uid:gid programs run as inside every org's units; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
+	UnitUIDs = define(Var{Name: "UNIT_UIDS", Default: "200000-299999",
+		Usage: "first-last: each org's units run as a uid of its own from this range (its gid the same), allocated once in Postgres and kept, and its home and workspaces are given to it; shared: every org's run as UNIT_USER. Needs a dispatcher running as root (one that is not runs every org as UNIT_USER); the range may not hold 65534"})
 	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",
 		Usage: "isolated: org units are off the host's network (Docker: an internal bridge network of the host's own with no host address on it; process: a network namespace with only a loopback; neither has egress) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
 	RunRoot = define(Var{Name: "RUN_ROOT",
@@ -461,6 +463,27 @@ func parseCPUs(s string) (int64, bool) {
 	}
 	n := int64(f*1e9 + 0.5)
 	return n, n >= 1e6 // Docker's floor is a thousandth of a CPU
+}
+
+// UnitUIDs reads UNIT_UIDS: shared (ok false), or a range first-last of uids above root
+// that does not hold the workers' keeper's (65534).
+func (e *Env) UnitUIDs() (first, last int, ok bool) {
+	s := e.raw(UnitUIDs)
+	if s == "shared" {
+		return 0, 0, false
+	}
+	a, b, cut := strings.Cut(s, "-")
+	first, ferr := strconv.Atoi(a)
+	last, lerr := strconv.Atoi(b)
+	switch {
+	case !cut || ferr != nil || lerr != nil || first < 1 || last < first || last > 1<<31-2:
+		e.fail(UnitUIDs, s, "shared, or a range of uids above 0 such as 200000-299999")
+		return 0, 0, false
+	case first <= 65534 && 65534 <= last:
+		e.fail(UnitUIDs, s, "a range without 65534, the workers' keeper")
+		return 0, 0, false
+	}
+	return first, last, true
 }
 
 // UnitUser reads UNIT_USER: a numeric uid:gid, never the workers' keeper (65534), root

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -104,6 +105,30 @@ func TestUnitUser(t *testing.T) {
 		}
 		if !ok && !strings.HasPrefix(env.Err().Error(), "config: UNIT_USER: ") {
 			t.Errorf("UNIT_USER=%s: %v", raw, env.Err())
+		}
+	}
+}
+
+func TestUnitUIDs(t *testing.T) {
+	if first, last, ok := FromMap(nil).UnitUIDs(); !ok || first != 200000 || last != 299999 {
+		t.Fatalf("default UNIT_UIDS: %d-%d, %v; want each org its own of 200000-299999", first, last, ok)
+	}
+	for raw, want := range map[string]string{"shared": "shared", "1000-1999": "1000-1999", "70000-70000": "70000-70000",
+		"60000-70000": "", "0-10": "", "10-9": "", "10001": "", "a-b": "", "-5-10": "", "1-2147483647": ""} {
+		env := FromMap(map[string]string{UnitUIDs.Name: raw})
+		first, last, ok := env.UnitUIDs()
+		got := "shared"
+		if ok {
+			got = fmt.Sprintf("%d-%d", first, last)
+		}
+		if want == "" {
+			if env.Err() == nil || !strings.HasPrefix(env.Err().Error(), "config: UNIT_UIDS: ") {
+				t.Errorf("UNIT_UIDS=%s accepted as %s (%v)", raw, got, env.Err())
+			}
+			continue
+		}
+		if got != want || env.Err() != nil {
+			t.Errorf("UNIT_UIDS=%s: %s (%v), want %s", raw, got, env.Err(), want)
 		}
 	}
 }

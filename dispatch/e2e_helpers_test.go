@@ -61,6 +61,8 @@ type dockerOptions struct {
 	// shell adds Debian's busybox-static to the image as /bin/sh, for hostile agents
 	// written as shell scripts; the test skips without it, except under CI.
 	shell bool
+	// users gives each org a uid of its own (nil: all run as runtime.DefaultUser).
+	users runtime.Users
 }
 
 func useDockerWith(t *testing.T, f *fixture, opts dockerOptions) *dockerRuntime {
@@ -114,7 +116,7 @@ func useDockerWith(t *testing.T, f *fixture, opts dockerOptions) *dockerRuntime 
 		OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(f.cfg.OrgsRoot), "workspaces"),
 		WorkerIdle:  []string{"hermes-host", "worker", "idle"},
 		WorkerImage: dr.image, DashboardImage: dr.image,
-		Logger: f.cfg.Log, Services: f.services(t),
+		Logger: f.cfg.Log, Services: f.services(t), Users: opts.users,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,13 @@ import (
 // limits, as a dispatcher opens it.
 func useSandboxedLimits(t *testing.T, f *fixture, limits runtime.Limits) *runtime.Process {
 	t.Helper()
+	return useSandboxedWith(t, f, limits, nil)
+}
+
+// useSandboxedWith is useSandboxedLimits with each org's uid from users (nil: all as the
+// sandbox's).
+func useSandboxedWith(t *testing.T, f *fixture, limits runtime.Limits, users runtime.Users) *runtime.Process {
+	t.Helper()
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal("CI is set, so the sandboxed runtime must be tested: install bubblewrap")
@@ -33,7 +40,7 @@ func useSandboxedLimits(t *testing.T, f *fixture, limits runtime.Limits) *runtim
 		Instance: "dispatch-test-limits", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(root, "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
 		Logger: slog.New(slog.NewJSONHandler(f.logs, nil)), Services: f.services(t), Limits: limits,
-		Sandbox: runtime.Sandbox{Mode: runtime.SandboxBwrap},
+		Sandbox: runtime.Sandbox{Mode: runtime.SandboxBwrap}, Users: users,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -370,15 +370,19 @@ func (s *suite) cli(stdin io.Reader, args ...string) string {
 	return string(out)
 }
 
-// writeHomeFile writes a file into an org's home as the units' user owns it.
+// writeHomeFile writes a file into an org's home as its units' user owns it.
 func (s *suite) writeHomeFile(home, name string, data []byte) {
 	path := filepath.Join(home, name)
 	if err := os.WriteFile(path+".tmp", data, 0o644); err != nil {
 		s.t.Errorf("write %s: %v", path, err)
 		return
 	}
-	uid, gid := 10001, 10001 // runtime.DefaultUser
-	_ = os.Chown(path+".tmp", uid, gid)
+	// The home's owner: the org's own uid (UNIT_UIDS), given to it at its units' start.
+	if st, err := os.Stat(home); err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			_ = os.Chown(path+".tmp", int(sys.Uid), int(sys.Gid))
+		}
+	}
 	if err := os.Rename(path+".tmp", path); err != nil {
 		s.t.Errorf("write %s: %v", path, err)
 	}

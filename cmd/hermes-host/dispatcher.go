@@ -51,6 +51,9 @@ type dispatcherSettings struct {
 	// limits bound every org unit (UNIT_*_LIMIT); unitUser is the uid:gid in containers.
 	limits   runtime.Limits
 	unitUser string
+	// unitUIDs is UNIT_UIDS' range (perOrgUIDs false: shared, every org as unitUser).
+	unitUIDs   [2]int
+	perOrgUIDs bool
 	// network is UNIT_NETWORK (runtime.NetworkIsolated or NetworkHost); runRoot, RUN_ROOT.
 	network, runRoot string
 	// sandbox is the process runtime's (HERMES_SANDBOX); allowUnisolated lets it run
@@ -72,7 +75,7 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
-	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitNetwork, config.RunRoot,
+	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitUIDs, config.UnitNetwork, config.RunRoot,
 	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel, config.LogFormat}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
@@ -109,6 +112,8 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	l := e.UnitLimits()
 	s.limits = runtime.Limits{MemoryBytes: l.MemoryBytes, NanoCPUs: l.NanoCPUs, Pids: l.Pids}
 	s.unitUser = e.UnitUser()
+	first, last, perOrg := e.UnitUIDs()
+	s.unitUIDs, s.perOrgUIDs = [2]int{first, last}, perOrg
 	s.network = e.OneOf(config.UnitNetwork, runtime.NetworkIsolated, runtime.NetworkHost)
 	s.runRoot = e.String(config.RunRoot)
 	// The workers' own settings, passed on when the operator set them (the worker has the
@@ -207,11 +212,24 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if err != nil {
 		return err
 	}
+	// Each org its own uid, where this process may give an org's files to one.
+	var users runtime.Users
+	unitUsers := s.unitUser
+	switch {
+	case !s.perOrgUIDs:
+	case os.Geteuid() != 0:
+		log.Warn("UNIT_UIDS: not root, so every org's units run as UNIT_USER", "unit_user", s.unitUser)
+	default:
+		if users, err = dispatch.NewUnitUsers(pool, s.unitUIDs[0], s.unitUIDs[1]); err != nil {
+			return err
+		}
+		unitUsers = fmt.Sprintf("each org its own of %d-%d", s.unitUIDs[0], s.unitUIDs[1])
+	}
 	rt, err := openRuntime(ctx, s.runtime, runtime.Config{
 		Instance: s.instance, OrgsRoot: s.orgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(s.orgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, WorkerImage: s.workerImage, DashboardImage: s.dashImage,
 		Network: s.network, Services: services, RunRoot: s.runRoot, BinDir: filepath.Dir(self), Logger: log, IdleTimeout: s.idleTimeout,
-		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser,
+		Metrics: runtime.NewMetrics(ops.Registry), Limits: s.limits, User: s.unitUser, Users: users,
 		Sandbox: runtime.Sandbox{Mode: s.sandbox}, Output: s.output, FollowLogs: s.output != nil, // dev shows every unit's lines
 		InstanceLive: func(ctx context.Context, instance string) (bool, error) {
 			return instanceLive(ctx, leases, instance)
@@ -268,7 +286,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 			"nano_cpus", s.limits.NanoCPUs, "pids", s.limits.Pids)
 	}
 	log.Info("dispatcher polling", "runtime", rt.Kind(), "claim_enabled", s.claim, "poll", s.poll.String(),
-		"unit_memory_bytes", s.limits.MemoryBytes, "unit_nano_cpus", s.limits.NanoCPUs, "unit_pids", s.limits.Pids, "unit_user", s.unitUser,
+		"unit_memory_bytes", s.limits.MemoryBytes, "unit_nano_cpus", s.limits.NanoCPUs, "unit_pids", s.limits.Pids, "unit_users", unitUsers,
 		"instance", s.instance, "holder", d.Holder(), "status_url", srv.URL())
 	dashDone := make(chan struct{})
 	go func() {

@@ -132,7 +132,7 @@ func BenchmarkSweep(b *testing.B) {
 		for range b.N {
 			b.StopTimer()
 			u := unit()
-			if _, _, err := d.exec(ctx, UnitName(org, RoleWorker), u.id, Command{Args: []string{"testagent", "detach", "bench"}}); err != nil {
+			if _, _, err := d.exec(ctx, UnitName(org, RoleWorker), u, Command{Args: []string{"testagent", "detach", "bench"}}); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()

@@ -38,6 +38,8 @@ const (
 	LabelRole     = "hermes.role"
 	LabelInstance = "hermes.instance"
 	labelSoul     = "hermes.soul"
+	// labelUser is the uid:gid the unit's programs run as (its execs, or a dashboard).
+	labelUser = "hermes.user"
 )
 
 // oomEventWait bounds how long an exec killed by SIGKILL waits for the engine to say
@@ -100,6 +102,7 @@ type Docker struct {
 
 type dockerUnit struct {
 	id       string
+	user     string    // the uid:gid its execs run as (labelUser)
 	inFlight int       // execs running now
 	lastUsed time.Time // last ensure, or end of the last exec
 	// dirty says the container was not started by this process (adopted, or found
@@ -274,7 +277,7 @@ func (d *Docker) adopt(ctx context.Context) error {
 			reason = "exited"
 		}
 		if reason == "" {
-			d.units[name] = &dockerUnit{id: c.ID, lastUsed: now, dirty: true}
+			d.units[name] = &dockerUnit{id: c.ID, user: d.unitUser(c.Labels), lastUsed: now, dirty: true}
 			adopted++
 			d.log.Info("container adopted", "container", name, "id", shortID(c.ID))
 			continue
@@ -330,14 +333,18 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	defer d.locks.lock(name)()
 
 	unit := Unit{Org: org, Role: role, Name: name, Running: true}
-	id, err := d.running(ctx, name, role, dirs)
+	user, err := d.cfg.userOf(ctx, org)
+	if err != nil {
+		return Ensured{}, err
+	}
+	id, err := d.running(ctx, name, role, dirs, user)
 	if err != nil {
 		return Ensured{}, err
 	}
 	if id != "" {
 		// A unit found running (adopted after a restart, say) still needs this process to
 		// serve its sockets: the last one's went with it.
-		uid, gid, _ := parseUser(d.cfg.User)
+		uid, gid, _ := parseUser(user)
 		if _, _, err := d.net.ensure(org, uid, gid); err != nil {
 			return Ensured{}, err
 		}
@@ -346,14 +353,14 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 		d.cfg.Metrics.ensured(d.Kind(), role, false)
 		return Ensured{Unit: unit}, nil
 	}
-	id, err = d.start(ctx, name, org, role, dirs, cmd, secrets, env)
+	id, err = d.start(ctx, name, org, role, dirs, user, cmd, secrets, env)
 	if err != nil {
 		return Ensured{}, err
 	}
 	unit.ID = id
 	d.follow(id, name)
 	d.mu.Lock()
-	d.units[name] = &dockerUnit{id: id, lastUsed: d.cfg.Now()}
+	d.units[name] = &dockerUnit{id: id, user: user, lastUsed: d.cfg.Now()}
 	d.mu.Unlock()
 	d.cfg.Metrics.ensured(d.Kind(), role, true)
 	d.log.Info("container started", "container", name, "id", shortID(id), "org", org, "role", role)
@@ -364,7 +371,7 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 // binds the current SOUL.md and runs the role's current image; any other container of
 // that name in this scope is removed, and one of another scope is left alone and reported
 // as ErrNameTaken.
-func (d *Docker) running(ctx context.Context, name string, role Role, dirs orgDirs) (string, error) {
+func (d *Docker) running(ctx context.Context, name string, role Role, dirs orgDirs, user string) (string, error) {
 	info, err := d.cli.ContainerInspect(ctx, name)
 	if cerrdefs.IsNotFound(err) {
 		d.forget(name, "")
@@ -387,6 +394,9 @@ func (d *Docker) running(ctx context.Context, name string, role Role, dirs orgDi
 		reason = "owned by instance " + strconv.Quote(labels[LabelInstance])
 	case labels[labelSoul] != fileIdentity(dirs.soul):
 		reason = "SOUL.md replaced"
+	case d.unitUser(labels) != user:
+		// The org's uid changed (per-org uids turned on, say): its files go to the new one.
+		reason = "runs as " + d.unitUser(labels) + ", not the org's " + user
 	case info.Image != d.images[role]:
 		// Started from an image the host has since replaced (an upgrade): the unit runs
 		// the old programs until it is made again.
@@ -399,7 +409,7 @@ func (d *Docker) running(ctx context.Context, name string, role Role, dirs orgDi
 		d.mu.Lock()
 		u := d.units[name]
 		if u == nil || u.id != info.ID {
-			u = &dockerUnit{id: info.ID, dirty: true}
+			u = &dockerUnit{id: info.ID, user: user, dirty: true}
 			d.units[name] = u
 		}
 		u.lastUsed = d.cfg.Now()
@@ -442,11 +452,11 @@ func (d *Docker) inUse(ctx context.Context, id, instance string) (string, error)
 	return "an exec is running in it", nil
 }
 
-func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, cmd, secrets, env []string) (string, error) {
+func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs orgDirs, user string, cmd, secrets, env []string) (string, error) {
 	// The home and workspaces are the unit user's: the programs run as it, and whatever
 	// the host wrote there since the last start (SOUL.md, replaced by the dispatcher,
 	// forces one) becomes theirs to read.
-	uid, gid, _ := parseUser(d.cfg.User)
+	uid, gid, _ := parseUser(user)
 	sockets, dashDir, err := d.net.ensure(org, uid, gid)
 	if err != nil {
 		return "", err
@@ -457,7 +467,7 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 			return "", fmt.Errorf("org %s: %w", org, err)
 		}
 		if n > 0 {
-			d.log.Info("org files given to the units' user", "dir", dir, "user", d.cfg.User, "entries", n)
+			d.log.Info("org files given to the units' user", "dir", dir, "user", user, "entries", n)
 		}
 	}
 	labels := map[string]string{
@@ -467,11 +477,12 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		LabelRole:     string(role),
 		LabelInstance: d.cfg.Instance,
 		labelSoul:     fileIdentity(dirs.soul),
+		labelUser:     user,
 	}
 	config := &container.Config{
 		Image:      d.cfg.WorkerImage,
 		Cmd:        cmd,
-		User:       d.cfg.User,
+		User:       user,
 		WorkingDir: d.cfg.HomeMount,
 		Env: []string{
 			"HOME=" + d.cfg.HomeMount,
@@ -583,7 +594,7 @@ func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus,
 	}
 
 	began := d.cfg.Now()
-	status, outcome, err := d.exec(ctx, name, u.id, cmd)
+	status, outcome, err := d.exec(ctx, name, u, cmd)
 	took := d.cfg.Now().Sub(began)
 	d.leave(ctx, name, u)
 	return recordExec(d.log, d.cfg.Metrics, d.Kind(), name, cmd, took, status, outcome, err)
@@ -670,7 +681,7 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 	for try := 1; ; try++ {
 		out.Reset()
 		errOut.Reset()
-		status, _, err = d.exec(sctx, name, u.id, Command{Args: d.sweepCmd, Stdout: &out, Stderr: &errOut})
+		status, _, err = d.exec(sctx, name, u, Command{Args: d.sweepCmd, Stdout: &out, Stderr: &errOut})
 		if !errors.Is(err, ErrNotStarted) || try == sweepTries {
 			break
 		}
@@ -710,11 +721,12 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 	d.log.Warn("worker sweep failed: container removed", "container", name, "id", shortID(u.id), "error", err)
 }
 
-func (d *Docker) exec(ctx context.Context, name, id string, cmd Command) (ExitStatus, string, error) {
+func (d *Docker) exec(ctx context.Context, name string, u *dockerUnit, cmd Command) (ExitStatus, string, error) {
+	id := u.id
 	created, err := d.cli.ContainerExecCreate(ctx, id, container.ExecOptions{
 		Cmd:          cmd.Args,
 		Env:          cmd.Env,
-		User:         d.cfg.User,
+		User:         u.user,
 		WorkingDir:   d.cfg.HomeMount,
 		AttachStdin:  true,
 		AttachStdout: true,
@@ -1119,3 +1131,12 @@ func (h *headWriter) Write(p []byte) (int, error) {
 }
 
 func (h *headWriter) String() string { return strings.ToValidUTF8(h.buf.String(), "") }
+
+// unitUser is the uid:gid a container's programs run as, by its label; a container made
+// before units had the label ran them as Config.User.
+func (d *Docker) unitUser(labels map[string]string) string {
+	if u := labels[labelUser]; u != "" {
+		return u
+	}
+	return d.cfg.User
+}

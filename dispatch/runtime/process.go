@@ -64,6 +64,7 @@ type processUnit struct {
 	pid      int // also its process group
 	tree     *tree
 	soul     string // identity of the SOUL.md a sandbox bound
+	uid, gid int    // what its sandbox drops to (-1: no drop)
 	exited   chan struct{}
 	execs    map[*processExec]struct{}
 	lastUsed time.Time
@@ -159,18 +160,27 @@ func (p *Process) ensure(ctx context.Context, org string, role Role, args, secre
 	defer p.locks.lock(name)()
 
 	soul := fileIdentity(dirs.soul)
+	uid, gid, err := p.unitUser(ctx, org)
+	if err != nil {
+		return Ensured{}, err
+	}
 	p.mu.Lock()
 	u := p.units[name]
 	if u != nil && !hasEnded(u.exited) {
-		if p.box == nil || u.soul == soul {
+		if p.box == nil || u.soul == soul && u.uid == uid && u.gid == gid {
 			u.lastUsed = p.cfg.Now()
 			p.mu.Unlock()
 			p.cfg.Metrics.ensured(p.Kind(), role, false)
 			return Ensured{Unit: u.unit(true)}, nil
 		}
-		// Its sandbox binds the SOUL.md the host has since replaced, as a container would.
+		// Its sandbox binds the SOUL.md the host has since replaced, as a container would,
+		// or runs as a uid that is no longer the org's.
 		p.mu.Unlock()
-		p.log.Info("process restarted", "unit", name, "pid", u.pid, "reason", "SOUL.md replaced")
+		reason := "SOUL.md replaced"
+		if u.soul == soul {
+			reason = fmt.Sprintf("runs as %d:%d, not the org's %d:%d", u.uid, u.gid, uid, gid)
+		}
+		p.log.Info("process restarted", "unit", name, "pid", u.pid, "reason", reason)
 		u.tree.kill()
 		select {
 		case <-u.exited:
@@ -181,7 +191,7 @@ func (p *Process) ensure(ctx context.Context, org string, role Role, args, secre
 		p.mu.Unlock()
 	}
 
-	cmd, info, err := p.command(org, name, dirs, args, env)
+	cmd, info, err := p.command(org, name, dirs, uid, gid, args, env)
 	if err != nil {
 		return Ensured{}, err
 	}
@@ -206,6 +216,8 @@ func (p *Process) ensure(ctx context.Context, org string, role Role, args, secre
 		pid:      cmd.Process.Pid,
 		tree:     t,
 		soul:     soul,
+		uid:      uid,
+		gid:      gid,
 		exited:   make(chan struct{}),
 		execs:    make(map[*processExec]struct{}),
 		lastUsed: p.cfg.Now(),
@@ -285,7 +297,7 @@ func (p *Process) Exec(ctx context.Context, org string, cmd Command) (ExitStatus
 }
 
 func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, command Command) (ExitStatus, string, error) {
-	cmd, info, err := p.command(u.org, u.name, p.cfg.dirs(u.org), command.Args, command.Env)
+	cmd, info, err := p.command(u.org, u.name, p.cfg.dirs(u.org), u.uid, u.gid, command.Args, command.Env)
 	if err != nil {
 		return ExitStatus{}, outcomeNotStarted, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
@@ -390,7 +402,7 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 // which bubblewrap reports the sandbox (see start). Pdeathsig kills it with the host
 // (strictly: with the host thread that started it, and Go retires threads only for
 // goroutines that exit while locked to one); a sandbox dies with its bubblewrap.
-func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*exec.Cmd, *os.File, error) {
+func (p *Process) command(org, unit string, dirs orgDirs, uid, gid int, args, env []string) (*exec.Cmd, *os.File, error) {
 	program, err := p.program(args[0])
 	if err != nil {
 		return nil, nil, err
@@ -402,10 +414,6 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 		"HERMES_WORKSPACES=" + dirs.workspaces,
 		"HERMES_ORG=" + org,
 	}, env...)
-	uid, gid := -1, -1
-	if p.box != nil && p.box.setpriv != "" {
-		uid, gid = p.box.uid, p.box.gid
-	}
 	sockets, dash, err := p.net.ensure(org, uid, gid)
 	if err != nil {
 		return nil, nil, err
@@ -415,7 +423,7 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 	if p.box == nil {
 		cmd = exec.Command(program, args[1:]...)
 	} else {
-		if err := p.box.own(dirs); err != nil {
+		if err := p.box.own(dirs, uid, gid); err != nil {
 			return nil, nil, err
 		}
 		var mounts []boxMount
@@ -431,7 +439,7 @@ func (p *Process) command(org, unit string, dirs orgDirs, args, env []string) (*
 		}
 		info = r
 		// ExtraFiles[0] is descriptor 3 in bubblewrap.
-		argv := append([]string{p.box.bwrap}, p.box.args(unit, dirs, program, args[1:], agentPaths(env), mounts, 3)...)
+		argv := append([]string{p.box.bwrap}, p.box.args(unit, dirs, uid, gid, program, args[1:], agentPaths(env), mounts, 3)...)
 		if p.pids != nil {
 			procs, err := p.pids.ensure(unit)
 			if err != nil {
@@ -678,4 +686,21 @@ func hasEnded(c <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// unitUser is the uid:gid org's sandboxed programs run as where the sandbox drops to one
+// (a host running as root): the org's own from Config.Users, else the sandbox's; -1, -1
+// where there is no drop.
+func (p *Process) unitUser(ctx context.Context, org string) (uid, gid int, err error) {
+	if p.box == nil || p.box.setpriv == "" {
+		return -1, -1, nil
+	}
+	if p.cfg.Users == nil {
+		return p.box.uid, p.box.gid, nil
+	}
+	user, err := p.cfg.userOf(ctx, org)
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseUser(user)
 }

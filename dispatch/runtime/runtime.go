@@ -216,6 +216,11 @@ type Config struct {
 	// when it is empty, never the host's own uid, and gives the home and workspaces to it;
 	// elsewhere empty means the host process's own.
 	User string
+	// Users, when set, gives each org a uid:gid of its own (the dispatcher's allocator,
+	// dispatch.UnitUsers), which its units run as instead of User: an agent that got out
+	// of its unit still finds no other org's files its own. Docker always takes it; Process
+	// where it drops to another uid (a sandbox started by root).
+	Users Users
 
 	// InstanceLive says whether a dispatcher of that instance runs now (Docker only): the
 	// containers of a live instance are never removed as a dead one's. Nil takes every
@@ -366,4 +371,26 @@ func recordExec(log *slog.Logger, m *Metrics, kind, unit string, cmd Command, to
 	}
 	log.Info("exec ended", append(attrs, "status", status.String())...)
 	return status, nil
+}
+
+// Users gives each org a uid:gid of its own (Config.Users).
+type Users interface {
+	UserOf(ctx context.Context, org string) (uid, gid int, err error)
+}
+
+// userOf is the uid:gid org's programs run as: its own from Users, or User for every org.
+// Neither root nor the workers' keeper is ever an org's own.
+func (c Config) userOf(ctx context.Context, org string) (string, error) {
+	if c.Users == nil {
+		return c.User, nil
+	}
+	uid, gid, err := c.Users.UserOf(ctx, org)
+	if err != nil {
+		return "", fmt.Errorf("org %s: its uid: %w", org, err)
+	}
+	kuid, _, _ := parseUser(keeperUser)
+	if uid <= 0 || gid <= 0 || uid == kuid {
+		return "", fmt.Errorf("org %s: uid:gid %d:%d is root's or the workers' keeper's, never an org's", org, uid, gid)
+	}
+	return fmt.Sprintf("%d:%d", uid, gid), nil
 }

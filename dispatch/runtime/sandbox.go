@@ -146,7 +146,7 @@ func (b *bwrapSandbox) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	args := append(b.baseArgs(), "--remount-ro", "/", "--")
-	cmd := exec.CommandContext(ctx, b.bwrap, append(append(args, b.dropArgs()...), truth)...)
+	cmd := exec.CommandContext(ctx, b.bwrap, append(append(args, b.dropArgs(b.uid, b.gid)...), truth)...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -194,18 +194,19 @@ func (b *bwrapSandbox) baseArgs() []string {
 	return append(args, "--perms", "1777", "--tmpfs", "/tmp")
 }
 
-// dropArgs start the program as the sandbox's uid when the host runs as root.
-func (b *bwrapSandbox) dropArgs() []string {
+// dropArgs start the program as uid:gid when the host runs as root.
+func (b *bwrapSandbox) dropArgs(uid, gid int) []string {
 	if b.setpriv == "" {
 		return nil
 	}
-	return []string{b.setpriv, "--reuid", strconv.Itoa(b.uid), "--regid", strconv.Itoa(b.gid), "--clear-groups",
+	return []string{b.setpriv, "--reuid", strconv.Itoa(uid), "--regid", strconv.Itoa(gid), "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--"}
 }
 
-// args are bubblewrap's arguments to run program in a sandbox of unit's, with extra more
-// paths bound read-only and infoFD the descriptor it reports the sandbox's pid 1 on.
-func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programArgs, extra []string, mounts []boxMount, infoFD int) []string {
+// args are bubblewrap's arguments to run program in a sandbox of unit's as uid:gid (when
+// the host is root), with extra more paths bound read-only and infoFD the descriptor it
+// reports the sandbox's pid 1 on.
+func (b *bwrapSandbox) args(unit string, dirs orgDirs, uid, gid int, program string, programArgs, extra []string, mounts []boxMount, infoFD int) []string {
 	args := b.baseArgs()
 	args = append(args, "--hostname", unit)
 	type bind struct{ flag, path string }
@@ -254,7 +255,7 @@ func (b *bwrapSandbox) args(unit string, dirs orgDirs, program string, programAr
 		}
 	}
 	args = append(args, "--remount-ro", "/", "--info-fd", strconv.Itoa(infoFD), "--chdir", dirs.home, "--")
-	args = append(args, b.dropArgs()...)
+	args = append(args, b.dropArgs(uid, gid)...)
 	return append(append(args, program), programArgs...)
 }
 
@@ -313,12 +314,12 @@ func (b *bwrapSandbox) binDirPrograms() []string {
 // when the host runs as root; the host writes there (SOUL.md, config, job inputs) as
 // root. chownTree changes links, never follows them, and cannot leave the folder through
 // one (os.Root), whatever an agent left there.
-func (b *bwrapSandbox) own(dirs orgDirs) error {
+func (b *bwrapSandbox) own(dirs orgDirs, uid, gid int) error {
 	if b.setpriv == "" {
 		return nil
 	}
 	for _, dir := range []string{dirs.home, dirs.workspaces} {
-		if _, err := chownTree(dir, b.uid, b.gid); err != nil {
+		if _, err := chownTree(dir, uid, gid); err != nil {
 			return fmt.Errorf("own %s for the sandbox: %w", dir, err)
 		}
 	}
