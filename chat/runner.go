@@ -72,6 +72,7 @@ type Config struct {
 	GatewayURL    string // the gateway's base URL; config.yaml names <url>/v1
 	GatewayKey    service.Secret
 	Model         string
+	EgressURL     string // the unit's egress proxy on its loopback, the agent's HTTPS_PROXY; empty: none
 	BundledSkills string
 	// Bundled is the image's bundled skills and SkillsMax the authored skills kept enabled
 	// (SKILLS_MAX_AUTHORED, 0: no cap): the cap is applied before a turn as before a job.
@@ -590,7 +591,7 @@ func (r *Runner) exec(ctx context.Context, t *turn) (result, int, error) {
 	tail := tail.New(4 << 10)
 	res, code, err := hermescli.Launch{
 		Bin: r.cfg.HermesBin, Args: hermescli.Args(t.Message, r.cfg.MaxTurns, resume), Home: r.cfg.Home.Dir,
-		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Stderr: io.MultiWriter(os.Stderr, tail),
+		GatewayKey: r.cfg.GatewayKey.Reveal(), Dir: dir, Env: hermescli.ProxyEnv(r.cfg.EgressURL), Stderr: io.MultiWriter(os.Stderr, tail),
 	}.Run(ctx, func() { r.update(t, func(s *Turn) { s.State, s.AgentAt = StateRunning, time.Now() }) })
 	return result{res, tail.String()}, code, err
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -154,6 +155,12 @@ var (
 		Usage: "with UNIT_UIDS=shared (or a dispatcher that is not root), the numeric uid:gid programs run as inside every org's units; org homes and workspaces are given to it; 0 (root) only if set so explicitly, and never 65534 (the workers' keeper)"})
 	UnitUIDs = define(Var{Name: "UNIT_UIDS", Default: "200000-299999",
 		Usage: "first-last: each org's units run as a uid of its own from this range (its gid the same), allocated once in Postgres and kept, and its home and workspaces are given to it; shared: every org's run as UNIT_USER. Needs a dispatcher running as root (one that is not runs every org as UNIT_USER); the range may not hold 65534"})
+	UnitEgress = define(Var{Name: "UNIT_EGRESS", Default: "none",
+		Usage: "none: isolated org units reach nothing beyond the host's services; public: their agents also reach the public internet on ports 80 and 443 through an egress proxy the dispatcher serves on each org's sockets (HTTPS_PROXY in the agent's environment), never loopback, private, link-local (cloud metadata), shared or reserved addresses nor the host's own"})
+	UnitEgressAllow = define(Var{Name: "UNIT_EGRESS_ALLOW",
+		Usage: "with UNIT_EGRESS=public, addresses the egress proxy reaches besides public ones, on any port: comma-separated IPs or CIDR prefixes (an internal service jobs need)"})
+	EgressURL = define(Var{Name: "EGRESS_URL",
+		Usage: "the egress proxy as the unit reaches it (unix:/path or http URL), set by the dispatcher with UNIT_EGRESS=public; the agent gets it as HTTPS_PROXY and HTTP_PROXY"})
 	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",
 		Usage: "isolated: org units are off the host's network (Docker: an internal bridge network of the host's own with no host address on it; process: a network namespace with only a loopback; neither has egress) and reach the gateway, control API and backend through sockets mounted into them; host: units share the host's network"})
 	RunRoot = define(Var{Name: "RUN_ROOT",
@@ -463,6 +470,29 @@ func parseCPUs(s string) (int64, bool) {
 	}
 	n := int64(f*1e9 + 0.5)
 	return n, n >= 1e6 // Docker's floor is a thousandth of a CPU
+}
+
+// UnitEgressAllow reads UNIT_EGRESS_ALLOW: IPs and CIDR prefixes, comma-separated.
+func (e *Env) UnitEgressAllow() []netip.Prefix {
+	s := e.raw(UnitEgressAllow)
+	var out []netip.Prefix
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(item); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(item)
+		if err != nil || a.Zone() != "" {
+			e.fail(UnitEgressAllow, s, "IPs or CIDR prefixes separated by commas, such as 10.20.0.0/16,192.0.2.7")
+			return nil
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out
 }
 
 // UnitUIDs reads UNIT_UIDS: shared (ok false), or a range first-last of uids above root

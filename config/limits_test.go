@@ -132,3 +132,19 @@ func TestUnitUIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestUnitEgressAllow(t *testing.T) {
+	env := FromMap(map[string]string{UnitEgressAllow.Name: " 10.20.0.0/16, 192.0.2.7 ,2001:db8::1,10.1.2.3/8"})
+	if got := fmt.Sprint(env.UnitEgressAllow()); got != "[10.20.0.0/16 192.0.2.7/32 2001:db8::1/128 10.0.0.0/8]" || env.Err() != nil {
+		t.Fatalf("allow list %s (%v)", got, env.Err())
+	}
+	for _, bad := range []string{"example.com", "10.0.0.0/33", "fe80::1%eth0"} {
+		env := FromMap(map[string]string{UnitEgressAllow.Name: bad})
+		if env.UnitEgressAllow(); env.Err() == nil || !strings.HasPrefix(env.Err().Error(), "config: UNIT_EGRESS_ALLOW: ") {
+			t.Errorf("UNIT_EGRESS_ALLOW=%s: %v", bad, env.Err())
+		}
+	}
+	if got := FromMap(nil).UnitEgressAllow(); got != nil {
+		t.Errorf("default allow list %v", got)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/egress"
 	"hermeshost/lease"
 	"hermeshost/service"
 	"hermeshost/subagent"
@@ -427,6 +428,7 @@ func processRegistries(t *testing.T) registries {
 	}
 	t.Cleanup(ctl.Close)
 	runtime.NewMetrics(rec)
+	egress.New(egress.Config{Registerer: rec}) // with UNIT_EGRESS=public
 	dash := dashboards.New(pool, dashboards.Options{Log: log, Registerer: rec})
 	t.Cleanup(dash.Close)
 	disp := dispatch.New(dispatch.Config{Instance: "deploy-test", DB: pool, Leases: leases, Subagents: subagents, Log: log, Registerer: rec, Dashboards: dash})

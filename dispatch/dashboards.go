@@ -306,7 +306,7 @@ func (d *Dispatcher) launchDashboard(ctx context.Context, org string, log *slog.
 		if _, err := d.cfg.Runtime.EnsureDashboard(ctx, org, runtime.Dashboard{
 			Args:    []string{"hermes-host", "dashboard", "--org", org, "--addr", listen},
 			Secrets: secrets,
-			Env:     d.cfg.DashboardEnv,
+			Env:     append(d.egressEnv(org), d.cfg.DashboardEnv...),
 		}); err != nil {
 			return "", err
 		}

@@ -341,7 +341,17 @@ func (d *Dispatcher) workerEnv(c *sartiq.Claim) ([]string, error) {
 		}
 		env = append(env, "CONTROL_URL="+d.unitURL(org, ServiceControl, d.cfg.ControlURL), "CONTROL_KEY="+ck)
 	}
+	env = append(env, d.egressEnv(org)...)
 	return append(env, d.cfg.WorkerEnv...), nil
+}
+
+// egressEnv names the egress proxy's socket (EGRESS_URL) for org's run-jobs and
+// dashboards, where the runtime serves one.
+func (d *Dispatcher) egressEnv(org string) []string {
+	if u := d.cfg.Runtime.ServiceURL(org, ServiceEgress); u != "" {
+		return []string{"EGRESS_URL=" + u}
+	}
+	return nil
 }
 
 // The host services an org's units may use (runtime.Config.Services), by name.
@@ -349,13 +359,14 @@ const (
 	ServiceAPI     = "api"     // the Sartiq API, for the worker's calls with its job token
 	ServiceGateway = "gateway" // the model gateway, for the agent with its org's key
 	ServiceControl = "control" // the control API, with the org's control key
+	ServiceEgress  = "egress"  // the public internet, through the egress proxy (UNIT_EGRESS=public)
 )
 
 // UnitServices are the host services an org's units reach through their sockets
 // (runtime.Config.Services): the backend and the gateway passed on to their addresses, and
 // the control API served by control. Each still asks for the unit's own credential (job
 // token, org keys).
-func UnitServices(apiURL, gatewayURL string, control http.Handler) (map[string]http.Handler, error) {
+func UnitServices(apiURL, gatewayURL string, control, egress http.Handler) (map[string]http.Handler, error) {
 	api, err := unitnet.Proxy(apiURL)
 	if err != nil {
 		return nil, fmt.Errorf("SARTIQ_API_URL: %w", err)
@@ -364,7 +375,11 @@ func UnitServices(apiURL, gatewayURL string, control http.Handler) (map[string]h
 	if err != nil {
 		return nil, fmt.Errorf("GATEWAY_URL: %w", err)
 	}
-	return map[string]http.Handler{ServiceAPI: api, ServiceGateway: gw, ServiceControl: control}, nil
+	services := map[string]http.Handler{ServiceAPI: api, ServiceGateway: gw, ServiceControl: control}
+	if egress != nil {
+		services[ServiceEgress] = egress
+	}
+	return services, nil
 }
 
 // unitURL is where org's units reach a host service: through the socket the runtime

@@ -22,6 +22,7 @@ import (
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/internal/egress"
 	"hermeshost/internal/hosttest"
 	"hermeshost/internal/unitnet"
 	"hermeshost/pg/pgtest"
@@ -53,6 +54,8 @@ type fixture struct {
 	db      *pgxpool.Pool
 	logs    *testio.Buffer
 	cfg     dispatch.Config
+	// egress, when set before the runtime is made, is served to units as their egress.
+	egress *egress.Proxy
 }
 
 func newFixture(t *testing.T, gatewayUp bool) *fixture {
@@ -113,7 +116,11 @@ func (f *fixture) services(t *testing.T) map[string]http.Handler {
 		}
 		p.ServeHTTP(w, r)
 	})
-	s, err := dispatch.UnitServices(f.cfg.APIURL, f.cfg.GatewayURL, control)
+	var egress http.Handler
+	if f.egress != nil {
+		egress = f.egress
+	}
+	s, err := dispatch.UnitServices(f.cfg.APIURL, f.cfg.GatewayURL, control, egress)
 	if err != nil {
 		t.Fatal(err)
 	}

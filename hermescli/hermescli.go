@@ -29,6 +29,18 @@ const KeyEnv = "HERMES_HOST_GATEWAY_KEY"
 // hook socket.
 const HooksSocketEnv = "HERMES_HOST_HOOKS_SOCKET"
 
+// ProxyEnv points the agent's HTTP clients (Python's urllib, requests and httpx read
+// these) at the unit's egress proxy, proxyURL, for the public internet; its loopback (the
+// gateway's forwarder) stays direct. None without a proxy.
+func ProxyEnv(proxyURL string) []string {
+	if proxyURL == "" {
+		return nil
+	}
+	const direct = "127.0.0.1,localhost,::1"
+	return []string{"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL,
+		"http_proxy=" + proxyURL, "NO_PROXY=" + direct, "no_proxy=" + direct}
+}
+
 // Args is the command line of one headless run. --ignore-rules is never passed: it would
 // drop SOUL.md and memory.
 func Args(prompt string, maxTurns int, resume string) []string {

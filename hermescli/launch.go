@@ -25,7 +25,8 @@ func Setup(gatewayURL, model, bundledSkills string, plugin orghome.Plugin) orgho
 
 // Launch is one start of the agent, the same for a job and a chat turn: its own process
 // group, killed with its caller, and in its environment only its home, the org's gateway
-// key under the name config.yaml gives it, and what the caller adds (a job's sockets). No
+// key under the name config.yaml gives it, and what the caller adds (a job's sockets, the
+// unit's egress proxy: ProxyEnv). No
 // endpoint: the real CLI reads that from config.yaml only.
 type Launch struct {
 	Bin        string

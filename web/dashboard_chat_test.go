@@ -564,3 +564,36 @@ func TestATurnWhoseSweepFailsLeavesItsHomeLeaseToExpire(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// With the unit's egress proxy (EGRESS_URL), a turn's agent has it as HTTPS_PROXY and
+// HTTP_PROXY, its loopback (the gateway's forwarder) left direct; without, none of these.
+func TestATurnsAgentGetsTheEgressProxy(t *testing.T) {
+	for name, proxy := range map[string]string{"proxy": "http://127.0.0.1:7102", "none": ""} {
+		t.Run(name, func(t *testing.T) { checkTurnProxyEnv(t, proxy) })
+	}
+}
+
+func checkTurnProxyEnv(t *testing.T, proxy string) {
+	acme, _ := twoHomes(t, 0)
+	agent := filepath.Join(t.TempDir(), "env-agent")
+	script := "#!/bin/sh\nenv | grep -i -E '^(https?|no)_proxy=' | sort >\"$HERMES_HOME/proxy.env\"\necho noted\n"
+	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := newChatDash(t, acme, func(c *chat.Config) { c.HermesBin, c.EgressURL = agent, proxy })
+	if turn := d.await(d.send(d.as("ada"), "", "Where is the internet?"), "the end", ended); turn.State != chat.StateDone {
+		t.Fatalf("turn %+v", turn)
+	}
+	raw, err := os.ReadFile(filepath.Join(acme.dir, "proxy.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ""
+	if proxy != "" {
+		want = "HTTPS_PROXY=" + proxy + "\nHTTP_PROXY=" + proxy + "\nNO_PROXY=127.0.0.1,localhost,::1\n" +
+			"http_proxy=" + proxy + "\nhttps_proxy=" + proxy + "\nno_proxy=127.0.0.1,localhost,::1\n"
+	}
+	if string(raw) != want {
+		t.Errorf("with proxy %q the agent had:\n%s\nwant:\n%s", proxy, raw, want)
+	}
+}

@@ -52,6 +52,9 @@ type Config struct {
 	GatewayURL string // the gateway's base URL; the agent's config.yaml names <url>/v1
 	GatewayKey service.Secret
 	Model      string
+	// EgressURL is the unit's egress proxy on its loopback (EGRESS_URL, forwarded), the
+	// agent's HTTPS_PROXY; empty: none.
+	EgressURL string
 	// BundledSkills is the image's read-only bundled skills (HERMES_BUNDLED_SKILLS), which
 	// Hermes reads in place; empty for none.
 	BundledSkills string
@@ -493,6 +496,7 @@ func (r *runner) exec(ctx context.Context, args []string, socket, hooks string) 
 	if hooks != "" {
 		env = append(env, hermescli.HooksSocketEnv+"="+hooks)
 	}
+	env = append(env, hermescli.ProxyEnv(r.cfg.EgressURL)...)
 	return hermescli.Launch{
 		Bin: r.cfg.HermesBin, Args: args, Home: r.cfg.Home, GatewayKey: r.cfg.GatewayKey.Reveal(),
 		Dir: r.ws, PathFirst: filepath.Dir(r.cfg.SartiqBin), Env: env, Stderr: os.Stderr,

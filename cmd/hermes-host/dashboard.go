@@ -115,6 +115,7 @@ type dashboardSettings struct {
 	hermesBin string
 	maxTurns  int
 	model     string
+	egressURL string // EGRESS_URL, the agent's HTTPS_PROXY once forwarded
 	secrets   dashboardSecrets
 }
 
@@ -141,6 +142,11 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 		stopForwarding()
 		return nil, nil, err
 	}
+	egressURL, err := unitnet.Resolve(fwd, s.egressURL, unitnet.EgressAddr, ops.Log)
+	if err != nil {
+		stopForwarding()
+		return nil, nil, err
+	}
 	home, err := orghome.OpenHome(s.org, s.home)
 	if err != nil {
 		stopForwarding()
@@ -160,7 +166,7 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 	}
 	chatCfg := chat.Config{
 		Org: s.org, Home: home, Control: client, HermesBin: s.hermesBin, MaxTurns: s.maxTurns,
-		GatewayURL: gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model,
+		GatewayURL: gatewayURL, GatewayKey: s.secrets.gatewayKey, Model: s.model, EgressURL: egressURL,
 		BundledSkills: s.bundled, Bundled: bundled, SkillsMax: s.skillsMax,
 		Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}, Log: ops.Log,
 	}
@@ -195,7 +201,7 @@ func dashboardCommand() *cli.Command {
 		Summary: "serve one org's dashboard (--org ID) under its prefix: its home is HERMES_HOME; its keys (CONTROL_URL, " +
 			"CONTROL_KEY, GATEWAY_URL, GATEWAY_KEY, DASHBOARD_ASSERTION_KEY) come as KEY=VALUE lines on stdin, read to its end before serving",
 		Env: append([]config.Var{config.HermesHome, config.HermesBundledSkills, config.SkillsMaxAuthored,
-			config.HermesBin, config.MaxTurns, config.WorkerModel}, serverEnv...),
+			config.HermesBin, config.MaxTurns, config.WorkerModel, config.EgressURL}, serverEnv...),
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			org := fs.String("org", "", "the organization whose dashboard this is (required)")
 			addr := fs.String("addr", "127.0.0.1:8094", "listen address (port 0 picks one), or unix:/path for a socket")
@@ -221,6 +227,7 @@ func dashboardCommand() *cli.Command {
 					s.hermesBin = e.String(config.HermesBin)
 					s.maxTurns = e.Int(config.MaxTurns)
 					s.model = e.String(config.WorkerModel)
+					s.egressURL = e.UnitURL(config.EgressURL)
 				})
 				if err != nil {
 					return err

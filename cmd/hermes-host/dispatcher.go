@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +20,8 @@ import (
 	"hermeshost/dashboards"
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
+	"hermeshost/internal/egress"
+	"hermeshost/internal/unitnet"
 	"hermeshost/lease"
 	"hermeshost/migrations"
 	"hermeshost/pg"
@@ -54,6 +58,9 @@ type dispatcherSettings struct {
 	// unitUIDs is UNIT_UIDS' range (perOrgUIDs false: shared, every org as unitUser).
 	unitUIDs   [2]int
 	perOrgUIDs bool
+	// egress is UNIT_EGRESS (none or public), egressAllow UNIT_EGRESS_ALLOW.
+	egress      string
+	egressAllow []netip.Prefix
 	// network is UNIT_NETWORK (runtime.NetworkIsolated or NetworkHost); runRoot, RUN_ROOT.
 	network, runRoot string
 	// sandbox is the process runtime's (HERMES_SANDBOX); allowUnisolated lets it run
@@ -75,7 +82,7 @@ var dispatcherEnv = []config.Var{config.DatabaseURL, config.SartiqAPIURL, config
 	config.HermesBin, config.HeartbeatInterval, config.MaxTurns, config.MaxResumes, config.HermesBundledSkills,
 	config.SkillsMaxAuthored, config.LeaseTTL, config.MaxOrgs, config.JobGrace, config.WorkerIdleTimeout,
 	config.Runtime, config.ControlAddr, config.ControlURL, config.ControlSecret, config.DashboardSecret, config.DashboardIdleTimeout,
-	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitUIDs, config.UnitNetwork, config.RunRoot,
+	config.UnitMemoryLimit, config.UnitCPULimit, config.UnitPidsLimit, config.UnitLimitsNone, config.UnitUser, config.UnitUIDs, config.UnitEgress, config.UnitEgressAllow, config.UnitNetwork, config.RunRoot,
 	config.Sandbox, config.AllowUnisolated, config.ShutdownGrace, config.LogLevel, config.LogFormat}
 
 func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
@@ -114,6 +121,8 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.unitUser = e.UnitUser()
 	first, last, perOrg := e.UnitUIDs()
 	s.unitUIDs, s.perOrgUIDs = [2]int{first, last}, perOrg
+	s.egress = e.OneOf(config.UnitEgress, "none", "public")
+	s.egressAllow = e.UnitEgressAllow()
 	s.network = e.OneOf(config.UnitNetwork, runtime.NetworkIsolated, runtime.NetworkHost)
 	s.runRoot = e.String(config.RunRoot)
 	// The workers' own settings, passed on when the operator set them (the worker has the
@@ -208,7 +217,18 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	// Its mirror's LISTEN connection ends before the pool it uses.
 	defer ctl.Close()
 	// What an org's units may use of the host, each through a socket of the org's.
-	services, err := dispatch.UnitServices(s.apiURL, s.gatewayURL, ctl.Handler())
+	var egressProxy http.Handler
+	switch {
+	case s.egress != "public":
+	case s.network != runtime.NetworkIsolated:
+		log.Info("UNIT_EGRESS=public: units are on the host's network (UNIT_NETWORK=host), where they reach what the host reaches; no egress proxy")
+	default:
+		proxy := egress.New(egress.Config{Allow: s.egressAllow, OrgOf: unitnet.OrgOf, Log: log, Registerer: ops.Registry})
+		defer proxy.Close()
+		egressProxy = proxy
+		log.Info("org units reach the public internet through the egress proxy", "allow", fmt.Sprint(s.egressAllow))
+	}
+	services, err := dispatch.UnitServices(s.apiURL, s.gatewayURL, ctl.Handler(), egressProxy)
 	if err != nil {
 		return err
 	}

@@ -86,7 +86,7 @@ func runJobCommand() *cli.Command {
 		Env: []config.Var{config.SartiqToken, config.SartiqAPIURL, config.HermesOrg, config.HermesHome,
 			config.GatewayURL, config.GatewayKey, config.WorkerModel, config.HermesBin, config.MaxTurns,
 			config.MaxResumes, config.HeartbeatInterval, config.ReportEnabled, config.HermesBundledSkills,
-			config.SkillsMaxAuthored, config.WorkspaceRetention,
+			config.SkillsMaxAuthored, config.WorkspaceRetention, config.EgressURL,
 			config.WorkspaceKeep, config.ControlURL, config.ControlKey, config.LogLevel, config.LogFormat},
 		Setup: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
@@ -107,6 +107,7 @@ func runJobCommand() *cli.Command {
 					cfg.Org = e.Required(config.HermesOrg)
 					cfg.Home = e.Required(config.HermesHome)
 					cfg.GatewayURL = e.UnitURL(config.GatewayURL)
+					cfg.EgressURL = e.UnitURL(config.EgressURL)
 					cfg.GatewayKey = service.Secret(e.String(config.GatewayKey))
 					cfg.Model = e.String(config.WorkerModel)
 					cfg.HermesBin = e.String(config.HermesBin)
@@ -135,6 +136,9 @@ func runJobCommand() *cli.Command {
 					return err
 				}
 				if cfg.GatewayURL, err = unitnet.Resolve(fwd, cfg.GatewayURL, unitnet.GatewayAddr, log); err != nil {
+					return err
+				}
+				if cfg.EgressURL, err = unitnet.Resolve(fwd, cfg.EgressURL, unitnet.EgressAddr, log); err != nil {
 					return err
 				}
 				// The variables go only to the proxies, never further (nor where their files are).

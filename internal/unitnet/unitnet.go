@@ -36,6 +36,18 @@ const DashboardDir = "/run/hermes-dashboard"
 // is the same in every unit (each has its own loopback) and across runs.
 const GatewayAddr = "127.0.0.1:7101"
 
+// EgressAddr is the loopback address inside a unit at which the egress proxy's socket is
+// forwarded: the agent's HTTPS_PROXY and HTTP_PROXY.
+const EgressAddr = "127.0.0.1:7102"
+
+type orgKey struct{}
+
+// OrgOf is the org whose socket a request came in on (Sockets), or "".
+func OrgOf(r *http.Request) string {
+	org, _ := r.Context().Value(orgKey{}).(string)
+	return org
+}
+
 // maxSocketPath is the longest path a unix socket can be bound or reached at on Linux;
 // a longer one is reached through its folder's descriptor.
 const maxSocketPath = 107
@@ -337,6 +349,7 @@ func (s *Sockets) Ensure(org string) (string, error) {
 		}
 		srv := &http.Server{
 			Handler:           h,
+			BaseContext:       func(net.Listener) context.Context { return context.WithValue(context.Background(), orgKey{}, org) },
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
