@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"hermeshost/internal/unitnet"
 )
 
 // Ports are the ports a public address may be reached on.
@@ -302,11 +304,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// What the client sent after its CONNECT (a TLS hello already) is in buf.
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, buf); closeWrite(up); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); closeWrite(c); done <- struct{}{} }()
-	<-done
-	<-done
+	unitnet.Join(c, buf, up)
 }
 
 // hopHeaders are a proxy's own, never passed on.
@@ -344,9 +342,3 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 
 // Close drops the idle connections of forwarded requests.
 func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
-
-func closeWrite(c any) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-}

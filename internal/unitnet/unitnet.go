@@ -440,8 +440,15 @@ func splice(ctx context.Context, c net.Conn, path string, log *slog.Logger) {
 	defer up.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close(); up.Close() })
 	defer stop()
+	Join(c, c, up)
+}
+
+// Join copies what comes from the client (read from fromClient: c itself, or a reader
+// holding what was read of c already) to up and up's answers to c, each direction closed
+// for writing when its source ends, until both have ended.
+func Join(c net.Conn, fromClient io.Reader, up net.Conn) {
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); closeWrite(up); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(up, fromClient); closeWrite(up); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(c, up); closeWrite(c); done <- struct{}{} }()
 	<-done
 	<-done
