@@ -66,27 +66,39 @@ func (u *UnitUsers) UserOf(ctx context.Context, org string) (uid, gid int, err e
 }
 
 func (u *UnitUsers) allocate(ctx context.Context, org string) (int, error) {
+	existing := func() (int, bool, error) {
+		var uid int
+		err := u.db.QueryRow(ctx, `SELECT uid FROM unit_users WHERE org = $1`, org).Scan(&uid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("unit users: look up org %s: %w", org, err)
+		}
+		return uid, true, nil
+	}
+	if uid, ok, err := existing(); ok || err != nil {
+		return uid, err
+	}
 	var uid int
-	err := u.db.QueryRow(ctx, `SELECT uid FROM unit_users WHERE org = $1`, org).Scan(&uid)
-	if err == nil {
-		return uid, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("unit users: look up org %s: %w", org, err)
-	}
-	err = u.db.QueryRow(ctx, `
+	err := u.db.QueryRow(ctx, `
 		WITH free AS (
 			SELECT g AS uid FROM generate_series($2::int, $3::int) g
 			WHERE g <> $4 AND NOT EXISTS (SELECT 1 FROM unit_users WHERE uid = g)
 			ORDER BY g LIMIT 1
 		)
 		INSERT INTO unit_users (org, uid) SELECT $1, uid FROM free
-		ON CONFLICT (org) DO UPDATE SET org = EXCLUDED.org
+		ON CONFLICT (org) DO NOTHING
 		RETURNING uid`, org, u.first, u.last, keeperUID).Scan(&uid)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Nothing inserted: another dispatcher gave the org its uid meanwhile (the conflict,
+		// or the last free uid taken by it), or the range is full.
+		if uid, ok, err := existing(); ok || err != nil {
+			return uid, err
+		}
 		return 0, fmt.Errorf("unit users: no uid of %d-%d is free for org %s (UNIT_UIDS)", u.first, u.last, org)
-	case err != nil:
+	}
+	if err != nil {
 		return 0, fmt.Errorf("unit users: allocate org %s: %w", org, err)
 	}
 	return uid, nil

@@ -35,16 +35,7 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 	orgs := t.TempDir()
 	knobs := func(org string, k scriptedagent.Knobs) {
 		t.Helper()
-		b, err := json.Marshal(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(orgs, org), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(orgs, org, scriptedagent.KnobsFile), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeKnobs(t, filepath.Join(orgs, org), k) // the home's owner's, as its units run
 	}
 	// dev keeps a knobs file it finds: acme's first agent (the product ingest's) delegates a
 	// researcher that works until it is cancelled; globex's jobs run at full speed, out of

@@ -170,7 +170,8 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 		BundledSkills: s.bundled, Bundled: bundled, SkillsMax: s.skillsMax,
 		Plugin: orghome.Plugin{Name: hermesplugin.Name, Files: hermesplugin.Files()}, Log: ops.Log,
 	}
-	chatCfg.Sweep, chatCfg.Broken = chatSweep(ops)
+	var unswept error
+	chatCfg.Sweep, chatCfg.Broken, unswept = chatSweep(ops)
 	runner, err := chat.NewRunner(chatCfg)
 	if err != nil {
 		closeHome()
@@ -191,6 +192,9 @@ func runDashboard(ops *service.Ops, s dashboardSettings, addr string) (*service.
 	if err != nil {
 		closeAll()
 		return nil, nil, err
+	}
+	if unswept != nil {
+		ops.Log.Warn("dashboard: not inside an org unit, so what a chat turn's agent detaches outlives the turn", "reason", unswept.Error())
 	}
 	return srv, closeAll, nil
 }
@@ -251,11 +255,11 @@ func dashboardCommand() *cli.Command {
 // other process of its uid once the turn's agent has exited; a sweep that leaves one
 // running ends the dashboard at once, without releasing the turn's home: lease, so its
 // unit's end takes what is left. Elsewhere (a dashboard run by hand on a host, or a process
-// runtime without bubblewrap) there is nothing it may sweep, and it says so once.
-func chatSweep(ops *service.Ops) (sweep func() error, broken func(error)) {
+// runtime without bubblewrap) there is nothing it may sweep: unswept says why, for the
+// dashboard to say once it serves.
+func chatSweep(ops *service.Ops) (sweep func() error, broken func(error), unswept error) {
 	if err := procsweep.CheckMain(); err != nil {
-		ops.Log.Warn("dashboard: not inside an org unit, so what a chat turn's agent detaches outlives the turn", "reason", err.Error())
-		return nil, nil
+		return nil, nil, err
 	}
 	sweeps := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hermes_chat_sweeps_total",
@@ -286,5 +290,5 @@ func chatSweep(ops *service.Ops) (sweep func() error, broken func(error)) {
 		ops.Log.Error("dashboard: exiting at once, so that its unit's end takes what the sweep could not", "err", err.Error())
 		os.Exit(1)
 	}
-	return sweep, broken
+	return sweep, broken, nil
 }
