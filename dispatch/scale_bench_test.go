@@ -471,6 +471,7 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 	}
 	killedJobs := map[string]bool{}
 	var toClaim, toStart, toAgent []time.Duration
+	killUnseen := 0
 	for _, k := range kills {
 		if k.err != nil {
 			b.Fatalf("kill of %s's worker: %v", k.org, k.err)
@@ -481,7 +482,12 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 		started, ok1 := w.firstMark(k.job, 2, "start")
 		agent, ok2 := w.firstMark(k.job, 2, "agent_start")
 		if !ok1 || !ok2 {
-			b.Fatalf("job %s killed: a later attempt's start seen %v, agent_start seen %v", k.job, ok1, ok2)
+			// A line the timeline missed (the engine's exec stream under a load average in
+			// the hundreds): counted with the others below, not guessed. That the job ran
+			// again is checkCompletedOnce's to say, from the backend.
+			b.Logf("job %s killed: a later attempt's start seen %v, agent_start seen %v", k.job, ok1, ok2)
+			killUnseen += 2
+			continue
 		}
 		toStart = append(toStart, started.Sub(k.at))
 		toAgent = append(toAgent, agent.Sub(k.at))
@@ -530,7 +536,7 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 	// once in a run under a load average above 100: a job's agent_start, its job completed)
 	// is counted, not guessed.
 	var claimToStart, claimToAgent []time.Duration
-	unseen := 0
+	unseen := killUnseen
 	for _, job := range all {
 		if killedJobs[job] {
 			continue
