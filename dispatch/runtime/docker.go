@@ -67,6 +67,15 @@ const engineCleanupTimeout = 30 * time.Second
 // of five).
 const sweepTimeout = time.Minute
 
+// ensureTimeout bounds one ensure's calls to the engine (inspect, create, start): an engine
+// that hangs on a container (dockerd 20.10 held 42 container starts, and every inspect of
+// those containers, for good in a scale run at a load average of 400) fails the ensure, so
+// the job is released and the org's unit lock freed, instead of holding the org for ever.
+const ensureTimeout = 3 * time.Minute
+
+// errEngineHung is why an ensure ended at ensureTimeout.
+var errEngineHung = fmt.Errorf("the engine did not answer within %s", ensureTimeout)
+
 // A sweep the engine could not start (ErrNotStarted) is tried again, sweepTries times in
 // all, sweepRetryPause apart, within sweepTimeout, before the worker is given up.
 const (
@@ -80,10 +89,12 @@ type Docker struct {
 	sweepCmd     []string      // kills what execs left in a worker (see sweep)
 	sweepTimeout time.Duration // sweepTimeout; tests shorten it
 	sweepPause   time.Duration // sweepRetryPause; tests shorten it
-	cli          *client.Client
-	log          *slog.Logger
-	locks        unitLocks
-	net          netPlan
+	// ensureTimeout is ensureTimeout; tests shorten it.
+	ensureTimeout time.Duration
+	cli           *client.Client
+	log           *slog.Logger
+	locks         unitLocks
+	net           netPlan
 	// images are the IDs the configured images had when the runtime started, by role: a
 	// unit of another image (an adopted one, from before an upgrade) is replaced when next
 	// ensured.
@@ -168,13 +179,14 @@ func newDocker(ctx context.Context, cfg Config, cli *client.Client) (*Docker, er
 		followed: map[string]bool{},
 		// The sweep is the worker's own program: WorkerIdle with its last argument, idle,
 		// replaced (hermes-host worker sweep).
-		sweepCmd:     append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
-		sweepTimeout: sweepTimeout,
-		sweepPause:   sweepRetryPause,
-		cfg:          cfg,
-		cli:          cli,
-		log:          cfg.Logger.With("runtime", "docker"),
-		units:        make(map[string]*dockerUnit),
+		sweepCmd:      append(append([]string(nil), cfg.WorkerIdle[:len(cfg.WorkerIdle)-1]...), "sweep"),
+		sweepTimeout:  sweepTimeout,
+		sweepPause:    sweepRetryPause,
+		ensureTimeout: ensureTimeout,
+		cfg:           cfg,
+		cli:           cli,
+		log:           cfg.Logger.With("runtime", "docker"),
+		units:         make(map[string]*dockerUnit),
 	}
 	d.following, d.stopFollowing = context.WithCancel(context.Background())
 	if err := d.ensureNetwork(ctx); err != nil {
@@ -331,7 +343,16 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	}
 	name := UnitName(org, role)
 	defer d.locks.lock(name)()
+	bounded, cancel := context.WithTimeoutCause(ctx, d.ensureTimeout, errEngineHung)
+	defer cancel()
+	ensured, err := d.ensureLocked(bounded, org, name, role, dirs, cmd, secrets, env)
+	if err != nil && errors.Is(context.Cause(bounded), errEngineHung) {
+		err = fmt.Errorf("ensure %s: %w (%w)", name, errEngineHung, err)
+	}
+	return ensured, err
+}
 
+func (d *Docker) ensureLocked(ctx context.Context, org, name string, role Role, dirs orgDirs, cmd, secrets, env []string) (Ensured, error) {
 	unit := Unit{Org: org, Role: role, Name: name, Running: true}
 	user, err := d.cfg.userOf(ctx, org)
 	if err != nil {
@@ -539,6 +560,21 @@ func (d *Docker) start(ctx context.Context, name, org string, role Role, dirs or
 		host.PidsLimit = ptr(d.cfg.Limits.Pids)
 	}
 	created, err := d.cli.ContainerCreate(ctx, config, host, nil, nil, name)
+	for try := 0; cerrdefs.IsConflict(err) && try < 20; try++ {
+		// The name is taken by a container running() did not see: a create an earlier
+		// ensure gave up on (ensureTimeout), which the engine goes on with (the name is
+		// taken before the container can be inspected). Once it can be, it is looked at,
+		// and removed, like any other; then the create is tried again.
+		if id, rerr := d.running(ctx, name, role, dirs, user); rerr != nil || id != "" {
+			return "", fmt.Errorf("create container %s: %w (and then: %v, %q)", name, err, rerr, id)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("create container %s: %w", name, context.Cause(ctx))
+		case <-time.After(250 * time.Millisecond):
+		}
+		created, err = d.cli.ContainerCreate(ctx, config, host, nil, nil, name)
+	}
 	if err != nil {
 		return "", fmt.Errorf("create container %s: %w", name, err)
 	}

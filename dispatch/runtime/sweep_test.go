@@ -263,3 +263,23 @@ func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) 
 		}
 	}
 }
+
+// An ensure the engine does not answer within its bound fails, saying so (the dispatcher
+// then releases the job), and frees the unit for the next ensure, which starts the worker.
+// The engine that hung here for good (a start and every inspect of its container, under a
+// load average of 400) cannot be made to hang on purpose: the bound is shortened instead.
+func TestDockerAnEnsureTheEngineDoesNotAnswerInTimeFails(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	org := newOrg(t, cfg, "ensure-bound")
+	rt.ensureTimeout = time.Millisecond
+	_, err := rt.EnsureWorker(testContext(t), org)
+	if !errors.Is(err, errEngineHung) || !strings.Contains(err.Error(), "the engine did not answer within 3m0s") {
+		t.Fatalf("an ensure past its bound: %v", err)
+	}
+	rt.ensureTimeout = ensureTimeout
+	if e := mustEnsureWorker(t, rt, org); !e.Cold {
+		t.Fatalf("the next ensure: %+v", e)
+	}
+}
