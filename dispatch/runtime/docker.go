@@ -73,8 +73,8 @@ const sweepTimeout = time.Minute
 // the job is released and the org's unit lock freed, instead of holding the org for ever.
 const ensureTimeout = 3 * time.Minute
 
-// errEngineHung is why an ensure ended at ensureTimeout.
-var errEngineHung = fmt.Errorf("the engine did not answer within %s", ensureTimeout)
+// errEngineHung is why an ensure ended at its bound.
+var errEngineHung = errors.New("the engine did not answer")
 
 // A sweep the engine could not start (ErrNotStarted) is tried again, sweepTries times in
 // all, sweepRetryPause apart, within sweepTimeout, before the worker is given up.
@@ -343,11 +343,11 @@ func (d *Docker) ensure(ctx context.Context, org string, role Role, cmd, secrets
 	}
 	name := UnitName(org, role)
 	defer d.locks.lock(name)()
-	bounded, cancel := context.WithTimeoutCause(ctx, d.ensureTimeout, errEngineHung)
+	bounded, cancel := context.WithTimeoutCause(ctx, d.ensureTimeout, fmt.Errorf("%w within %s", errEngineHung, d.ensureTimeout))
 	defer cancel()
 	ensured, err := d.ensureLocked(bounded, org, name, role, dirs, cmd, secrets, env)
 	if err != nil && errors.Is(context.Cause(bounded), errEngineHung) {
-		err = fmt.Errorf("ensure %s: %w (%w)", name, errEngineHung, err)
+		err = fmt.Errorf("ensure %s: %w (%w)", name, context.Cause(bounded), err)
 	}
 	return ensured, err
 }

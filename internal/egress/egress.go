@@ -167,7 +167,7 @@ func (p *Proxy) ownAddrs() []netip.Addr {
 		p.cfg.Log.Warn("egress: the host's addresses", "err", err)
 		return p.own
 	}
-	own := p.own[:0:0]
+	var own []netip.Addr
 	for _, a := range addrs {
 		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
 			own = append(own, pfx.Addr().Unmap())
