@@ -159,6 +159,8 @@ var (
 		Usage: "none: isolated org units reach nothing beyond the host's services; public: their agents also reach the public internet on ports 80 and 443 through an egress proxy the dispatcher serves on each org's sockets (HTTPS_PROXY in the agent's environment), never loopback, private, link-local (cloud metadata), shared or reserved addresses nor the host's own"})
 	UnitEgressAllow = define(Var{Name: "UNIT_EGRESS_ALLOW",
 		Usage: "with UNIT_EGRESS=public, addresses the egress proxy reaches besides public ones, on any port: comma-separated IPs or CIDR prefixes (an internal service jobs need)"})
+	UnitEgressConns = define(Var{Name: "UNIT_EGRESS_CONNS", Default: "64",
+		Usage: "with UNIT_EGRESS=public, the connections through the egress proxy each org may have open at once; one more is refused (429) and counted, so a runaway agent cannot take the host's sockets"})
 	EgressURL = define(Var{Name: "EGRESS_URL",
 		Usage: "the egress proxy as the unit reaches it (unix:/path or http URL), set by the dispatcher with UNIT_EGRESS=public; the agent gets it as HTTPS_PROXY and HTTP_PROXY"})
 	UnitNetwork = define(Var{Name: "UNIT_NETWORK", Default: "isolated",

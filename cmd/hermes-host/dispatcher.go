@@ -58,9 +58,11 @@ type dispatcherSettings struct {
 	// unitUIDs is UNIT_UIDS' range (perOrgUIDs false: shared, every org as unitUser).
 	unitUIDs   [2]int
 	perOrgUIDs bool
-	// egress is UNIT_EGRESS (none or public), egressAllow UNIT_EGRESS_ALLOW.
+	// egress is UNIT_EGRESS (none or public), egressAllow UNIT_EGRESS_ALLOW, egressConns
+	// UNIT_EGRESS_CONNS.
 	egress      string
 	egressAllow []netip.Prefix
+	egressConns int
 	// network is UNIT_NETWORK (runtime.NetworkIsolated or NetworkHost); runRoot, RUN_ROOT.
 	network, runRoot string
 	// sandbox is the process runtime's (HERMES_SANDBOX); allowUnisolated lets it run
@@ -123,6 +125,7 @@ func readDispatcher(e *config.Env, s *dispatcherSettings, requireAll bool) {
 	s.unitUIDs, s.perOrgUIDs = [2]int{first, last}, perOrg
 	s.egress = e.OneOf(config.UnitEgress, "none", "public")
 	s.egressAllow = e.UnitEgressAllow()
+	s.egressConns = e.Int(config.UnitEgressConns)
 	s.network = e.OneOf(config.UnitNetwork, runtime.NetworkIsolated, runtime.NetworkHost)
 	s.runRoot = e.String(config.RunRoot)
 	// The workers' own settings, passed on when the operator set them (the worker has the
@@ -223,10 +226,10 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	case s.network != runtime.NetworkIsolated:
 		log.Info("UNIT_EGRESS=public: units are on the host's network (UNIT_NETWORK=host), where they reach what the host reaches; no egress proxy")
 	default:
-		proxy := egress.New(egress.Config{Allow: s.egressAllow, OrgOf: unitnet.OrgOf, Log: log, Registerer: ops.Registry})
+		proxy := egress.New(egress.Config{Allow: s.egressAllow, MaxConnsPerOrg: s.egressConns, OrgOf: unitnet.OrgOf, Log: log, Registerer: ops.Registry})
 		defer proxy.Close()
 		egressProxy = proxy
-		log.Info("org units reach the public internet through the egress proxy", "allow", fmt.Sprint(s.egressAllow))
+		log.Info("org units reach the public internet through the egress proxy", "allow", fmt.Sprint(s.egressAllow), "max_conns_per_org", s.egressConns)
 	}
 	services, err := dispatch.UnitServices(s.apiURL, s.gatewayURL, ctl.Handler(), egressProxy)
 	if err != nil {

@@ -241,6 +241,54 @@ func TestDockerReplacesAUnitOfAnOlderImage(t *testing.T) {
 	}
 }
 
+// orgUser is a Users that gives every org one fixed uid:gid (the allocator's part is
+// dispatch.UnitUsers, tested there).
+type orgUser struct{ uid, gid int }
+
+func (u orgUser) UserOf(context.Context, string) (int, int, error) { return u.uid, u.gid, nil }
+
+// Turning per-org uids on (UNIT_UIDS) while a unit runs as the shared UNIT_USER: the
+// container is made again as the org's uid when next ensured, and only then, so none of the
+// org's programs go on running as the uid every other org shares.
+func TestDockerReplacesAUnitOfAnotherUser(t *testing.T) {
+	requireEngine(t)
+	ctx := t.Context()
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg)
+	org := newOrg(t, cfg, "uid")
+	shared := mustEnsureWorker(t, rt, org)
+	if out, _, _ := run(t, rt, org, "", nil, "testagent", "id"); strings.TrimSpace(out) != DefaultUser {
+		t.Fatalf("before: an exec runs as %q, want the shared %s", out, DefaultUser)
+	}
+
+	// The same instance started again with per-org uids (the dispatcher after the change).
+	next := cfg
+	next.Users = orgUser{uid: 200777, gid: 200777}
+	rt2 := dockerHarness().start(t, next)
+	got := mustEnsureWorker(t, rt2, org)
+	if !got.Cold || got.ID == shared.ID {
+		t.Fatalf("ensure with the org's own uid = %+v, want a new container in place of %s", got, shared.ID)
+	}
+	if _, err := suite.engine.ContainerInspect(ctx, shared.ID); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the container running as the shared uid is still there (inspect: %v)", err)
+	}
+	info, err := suite.engine.ContainerInspect(ctx, got.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The keeper (the container's main process) stays nobody; the label records the uid
+	// every exec runs as, which the exec below shows.
+	if info.Config.User != keeperUser || info.Config.Labels[labelUser] != "200777:200777" {
+		t.Errorf("the new worker's keeper runs as %q labelled %q, want %s labelled 200777:200777", info.Config.User, info.Config.Labels[labelUser], keeperUser)
+	}
+	if out, _, _ := run(t, rt2, org, "", nil, "testagent", "id"); strings.TrimSpace(out) != "200777:200777" {
+		t.Errorf("after: an exec runs as %q, want the org's 200777:200777", out)
+	}
+	if again := mustEnsureWorker(t, rt2, org); again.Cold || again.ID != got.ID {
+		t.Errorf("a worker already running as the org's uid was made again: %+v", again)
+	}
+}
+
 // With FollowLogs (dev) what a container's program prints reaches Output, as a Process
 // unit's does; without it (production) only the engine's logs keep it.
 func TestDockerFollowsItsUnitsOutputWhenAsked(t *testing.T) {

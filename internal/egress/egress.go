@@ -40,6 +40,10 @@ type Config struct {
 	Allow []netip.Prefix
 	// Resolver resolves names (default net.DefaultResolver).
 	Resolver *net.Resolver
+	// MaxConnsPerOrg bounds the connections one org has open through the proxy at once
+	// (UNIT_EGRESS_CONNS, default 64): one more is refused with 429, so a runaway or
+	// hostile agent cannot take the host's sockets from every other org.
+	MaxConnsPerOrg int
 	// DialTimeout bounds a connection's set-up (default 10 s).
 	DialTimeout time.Duration
 	// OrgOf names the org a request came from, for the log (default: none).
@@ -59,6 +63,7 @@ type Proxy struct {
 	mu        sync.Mutex
 	own       []netip.Addr // the host's interface addresses
 	ownLoaded time.Time
+	open      map[string]int // connections open now, by org
 }
 
 // New makes a Proxy.
@@ -69,16 +74,19 @@ func New(cfg Config) *Proxy {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	if cfg.MaxConnsPerOrg <= 0 {
+		cfg.MaxConnsPerOrg = 64
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	if cfg.OrgOf == nil {
 		cfg.OrgOf = func(*http.Request) string { return "" }
 	}
-	p := &Proxy{cfg: cfg, dialer: net.Dialer{Timeout: cfg.DialTimeout}}
+	p := &Proxy{cfg: cfg, dialer: net.Dialer{Timeout: cfg.DialTimeout}, open: make(map[string]int)}
 	p.conns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hermes_egress_connections_total",
-		Help: "Connections org units asked the egress proxy for, by result (allowed, refused: not a public address on 80 or 443 nor an allowed one; failed: allowed, but it did not connect).",
+		Help: "Connections org units asked the egress proxy for, by result (allowed, refused: not a public address on 80 or 443 nor an allowed one; failed: allowed, but it did not connect; limited: the org had UNIT_EGRESS_CONNS open already).",
 	}, []string{"result"})
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(p.conns)
@@ -249,8 +257,17 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 	return p.dialer.DialContext(ctx, "tcp", to.String())
 }
 
-// ServeHTTP serves CONNECT and absolute-form http:// requests; anything else is 400.
+// ServeHTTP serves CONNECT and absolute-form http:// requests; anything else is 400. An
+// org with MaxConnsPerOrg open already is refused with 429.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	org := p.cfg.OrgOf(r)
+	if !p.take(org) {
+		p.conns.WithLabelValues("limited").Inc()
+		p.cfg.Log.Warn("egress refused: too many connections", "org", org, "destination", r.Host, "max", p.cfg.MaxConnsPerOrg)
+		http.Error(w, fmt.Sprintf("egress: this org has %d connections open, the most it may (UNIT_EGRESS_CONNS)", p.cfg.MaxConnsPerOrg), http.StatusTooManyRequests)
+		return
+	}
+	defer p.give(org)
 	switch {
 	case r.Method == http.MethodConnect:
 		p.connect(w, r)
@@ -258,6 +275,26 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.forward(w, r)
 	default:
 		http.Error(w, "this is the unit's egress proxy: CONNECT host:443, or send an absolute http:// URL", http.StatusBadRequest)
+	}
+}
+
+// take counts a connection of org's in, unless it has MaxConnsPerOrg open already.
+func (p *Proxy) take(org string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[org] >= p.cfg.MaxConnsPerOrg {
+		return false
+	}
+	p.open[org]++
+	return true
+}
+
+// give counts a connection of org's out.
+func (p *Proxy) give(org string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[org]--; p.open[org] <= 0 {
+		delete(p.open, org)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -210,5 +211,100 @@ func TestRefusedIsAnError(t *testing.T) {
 	var r *Refused
 	if !errors.As(err, &r) || r.Addr != netip.MustParseAddr("169.254.169.254") {
 		t.Fatalf("%v", err)
+	}
+}
+
+func TestAnOrgPastItsConnectionCapIsRefusedAndOthersAreNot(t *testing.T) {
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	go func() {
+		for {
+			c, err := target.Accept()
+			if err != nil {
+				return
+			}
+			// Held open until the client closes, echoing each line.
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "echo %s", line)
+				}
+			}()
+		}
+	}()
+	reg := prometheus.NewRegistry()
+	p := New(Config{Registerer: reg, MaxConnsPerOrg: 2,
+		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		// The unit's socket names the org in the product; here the request says it.
+		OrgOf: func(r *http.Request) string { return r.Header.Get("X-Test-Org") }})
+	t.Cleanup(p.Close)
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	// tunnel opens a CONNECT for org and, when it is established, checks it carries bytes.
+	tunnel := func(org string) (net.Conn, int) {
+		t.Helper()
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nX-Test-Org: %s\r\n\r\n", target.Addr(), target.Addr(), org)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			body, _ := io.ReadAll(resp.Body)
+			c.Close()
+			if resp.StatusCode == http.StatusTooManyRequests && !strings.Contains(string(body), "UNIT_EGRESS_CONNS") {
+				t.Errorf("429 without the setting's name: %q", body)
+			}
+			return nil, resp.StatusCode
+		}
+		fmt.Fprintf(c, "ping %s\n", org)
+		if line, err := br.ReadString('\n'); err != nil || line != "echo ping "+org+"\n" {
+			t.Fatalf("through %s's tunnel: %q %v", org, line, err)
+		}
+		return c, resp.StatusCode
+	}
+	a1, _ := tunnel("acme")
+	a2, _ := tunnel("acme")
+	defer a2.Close()
+	if _, code := tunnel("acme"); code != http.StatusTooManyRequests {
+		t.Fatalf("acme's third connection: %d, want 429", code)
+	}
+	if n := count(reg, "limited"); n != 1 {
+		t.Errorf("limited = %v, want 1", n)
+	}
+	b1, code := tunnel("globex")
+	if code != http.StatusOK {
+		t.Fatalf("globex, under its own cap: %d", code)
+	}
+	defer b1.Close()
+	// Closing one of acme's gives its slot back once the proxy has seen the close.
+	a1.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, code := tunnel("acme")
+		if code == http.StatusOK {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acme after closing a tunnel: still %d", code)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := count(reg, "allowed"); n < 4 {
+		t.Errorf("allowed = %v, want at least 4", n)
 	}
 }

@@ -53,6 +53,9 @@ func main() {
 		err = tree(args)
 	case "env":
 		err = printEnv()
+	case "id":
+		// The uid:gid it runs as, as the unit's execs see it.
+		fmt.Printf("%d:%d\n", os.Getuid(), os.Getgid())
 	case "cmdlines":
 		err = cmdlines()
 	case "alloc":
