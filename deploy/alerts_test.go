@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"hermeshost/chat"
 	"hermeshost/control"
 	"hermeshost/dashboards"
 	"hermeshost/dispatch"
@@ -314,7 +315,7 @@ func (p registries) check(s selector) error {
 			}
 		}
 		if base == "" {
-			return fmt.Errorf("metric %s is registered by no process (gateway, dispatcher, launcher)", name)
+			return fmt.Errorf("metric %s is registered by no process (gateway, dispatcher, launcher, dashboards)", name)
 		}
 		name = base
 	}
@@ -437,5 +438,10 @@ func processRegistries(t *testing.T) registries {
 
 	// The launcher holds only its server's metrics.
 	p.regs["launcher"] = service.NewOps(log).Registry
+
+	// A dashboard's, which its dispatcher serves at /metrics/dashboards with an org label.
+	dashOps := service.NewOps(log)
+	chat.NewSweepMetrics(recorder{reg: dashOps.Registry, labels: p.labels})
+	p.regs["dashboards"] = dashOps.Registry
 	return p
 }

@@ -269,6 +269,16 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^hermes_dispatch_claims_total\{kind="claim"\} [1-9]`).MatchString(metrics) {
 		t.Errorf("dispatcher /metrics counts no claims:\n%s", grepLines(metrics, "hermes_dispatch_"))
 	}
+	// acme's dashboard's own metrics, from its socket in its unit, with acme's label.
+	_, dashMetrics := get(t, fmt.Sprintf("http://%s:8092/metrics/dashboards", up.ip(ctx, "dispatcher", "hermes")))
+	for _, want := range []string{`hermes_dashboard_scrape_up{org="acme"} 1`, `http_requests_total{`} {
+		if !strings.Contains(dashMetrics, want) {
+			t.Errorf("dispatcher /metrics/dashboards lacks %q:\n%s", want, dashMetrics)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^http_requests_total\{[^}]*org="acme"`).MatchString(dashMetrics) {
+		t.Errorf("the dashboard's request counts are not labelled acme:\n%s", grepLines(dashMetrics, "http_requests_total"))
+	}
 
 	// An upgrade: the dispatcher stopped as compose stops it (SIGTERM, within its
 	// stop_grace_period) exits cleanly and leaves the org units running; a new one under the

@@ -6,6 +6,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"hermeshost/assertion"
 	"hermeshost/dashboards"
+	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/internal/unitnet"
 )
@@ -120,7 +122,7 @@ func chatTurn(t *testing.T, dashURL, org, message string) (state, answer, reason
 
 // checkChatLeftoversEnd runs a turn of leftoverAgent's on org's dashboard; running counts
 // the processes that carry the marker where the unit runs.
-func checkChatLeftoversEnd(t *testing.T, f *dashFixture, org, marker string, running func() int) {
+func checkChatLeftoversEnd(t *testing.T, f *dashFixture, d *dispatch.Dispatcher, org, marker string, running func() int) {
 	t.Helper()
 	r := f.waitState(t, org, dashboards.Running, 90*time.Second)
 	state, answer, reason := chatTurn(t, r.URL, org, "Leave something running")
@@ -141,6 +143,20 @@ func checkChatLeftoversEnd(t *testing.T, f *dashFixture, org, marker string, run
 	for _, want := range []string{`hermes_chat_sweeps_total{result="killed"} 1`, "hermes_chat_swept_processes_total 1"} {
 		if !strings.Contains(metrics, want+"\n") {
 			t.Errorf("the dashboard's /metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	// The same counters reach Prometheus through the dispatcher's /metrics/dashboards,
+	// labelled with their org.
+	rec := httptest.NewRecorder()
+	d.DashboardMetrics().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics/dashboards", nil))
+	gathered := rec.Body.String()
+	for _, want := range []string{
+		fmt.Sprintf(`hermes_chat_sweeps_total{org=%q,result="killed"} 1`, org),
+		fmt.Sprintf(`hermes_chat_swept_processes_total{org=%q} 1`, org),
+		fmt.Sprintf(`hermes_dashboard_scrape_up{org=%q} 1`, org),
+	} {
+		if !strings.Contains(gathered, want+"\n") {
+			t.Errorf("the dispatcher's /metrics/dashboards lacks %q:\n%s", want, gathered)
 		}
 	}
 }
@@ -167,9 +183,10 @@ func TestDockerChatTurnsLeftoversEndWithTheTurn(t *testing.T) {
 	org := randomName("chat-sweep-")
 	marker := leftoverAgent(t, f, org)
 	f.cfg.DashboardEnv = append(f.cfg.DashboardEnv, "HERMES_BIN="+dockerAgentBin)
-	serve(t, f.dispatcher(t))
+	d := f.dispatcher(t)
+	serve(t, d)
 	f.request(t, org)
-	checkChatLeftoversEnd(t, f, org, marker, func() int {
+	checkChatLeftoversEnd(t, f, d, org, marker, func() int {
 		info, err := dr.engine.ContainerInspect(context.Background(), runtime.UnitName(org, runtime.RoleDashboard))
 		if err != nil || !info.State.Running {
 			t.Fatalf("the dashboard's container: %v", err)
@@ -184,7 +201,8 @@ func TestSandboxedChatTurnsLeftoversEndWithTheTurn(t *testing.T) {
 	org := randomName("chat-sweep-")
 	marker := leftoverAgent(t, f, org)
 	f.cfg.DashboardEnv = append(f.cfg.DashboardEnv, "HERMES_BIN="+filepath.Join(f.cfg.OrgsRoot, org, "agent"))
-	serve(t, f.dispatcher(t))
+	d := f.dispatcher(t)
+	serve(t, d)
 	f.request(t, org)
-	checkChatLeftoversEnd(t, f, org, marker, func() int { return hostProcessesWith(t, marker) })
+	checkChatLeftoversEnd(t, f, d, org, marker, func() int { return hostProcessesWith(t, marker) })
 }

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -194,6 +196,44 @@ func startService(b *testing.B, name string, env []string, args ...string) *serv
 	return p
 }
 
+// scaleLog is the log of the benchmark's dispatchers and runtime, a JSON file in the run's
+// temporary directory (HERMES_BENCH_LOG_DIR keeps it): a failed run names its warnings and
+// errors, message by message, so a run that went wrong an hour in can be read.
+func scaleLog(b *testing.B, name string) *slog.Logger {
+	b.Helper()
+	dir := os.Getenv("HERMES_BENCH_LOG_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s.log", name, time.Now().Format("20060102-150405")))
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		f.Close()
+		if !b.Failed() {
+			return
+		}
+		raw, _ := os.ReadFile(path)
+		counts := map[string]int{}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var l struct{ Level, Msg string }
+			if json.Unmarshal([]byte(line), &l) == nil && (l.Level == "WARN" || l.Level == "ERROR") {
+				counts[l.Level+" "+l.Msg]++
+			}
+		}
+		keys := slices.SortedFunc(maps.Keys(counts), func(a, c string) int { return cmp.Compare(counts[c], counts[a]) })
+		b.Logf("the dispatchers' log (%s): %d kinds of warning and error", path, len(keys))
+		for _, k := range keys[:min(len(keys), 20)] {
+			b.Logf("  %6d %s", counts[k], k)
+		}
+	})
+	return slog.New(slog.NewJSONHandler(f, nil))
+}
+
 func newScaleWorld(b *testing.B, kind string) *scaleWorld {
 	b.Helper()
 	ctx := context.Background()
@@ -222,7 +262,7 @@ func newScaleWorld(b *testing.B, kind string) *scaleWorld {
 	w.bot = bot
 	_, hostDB := pgtest.Schema(b)
 	root := b.TempDir()
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	log := scaleLog(b, "dispatchers")
 	rc := runtime.Config{
 		Instance: "dispatch-scale", Scope: "dispatch-scale-" + w.id,
 		OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),

@@ -14,8 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"hermeshost/chat"
 	"hermeshost/cli"
 	"hermeshost/config"
@@ -261,28 +259,19 @@ func chatSweep(ops *service.Ops) (sweep func() error, broken func(error), unswep
 	if err := procsweep.CheckMain(); err != nil {
 		return nil, nil, err
 	}
-	sweeps := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "hermes_chat_sweeps_total",
-		Help: "Sweeps of the dashboard's unit after a chat turn's agent exited, by result (clean: nothing left, " +
-			"killed: processes left were killed, failed: some outlived it and the dashboard exited).",
-	}, []string{"result"})
-	swept := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hermes_chat_swept_processes_total",
-		Help: "Processes a chat turn's agent left running, killed by the sweep after the turn.",
-	})
-	ops.Registry.MustRegister(sweeps, swept)
+	m := chat.NewSweepMetrics(ops.Registry)
 	sweep = func() error {
 		res, err := procsweep.SweepAsMain(5 * time.Second)
-		swept.Add(float64(res.Killed))
+		m.Swept.Add(float64(res.Killed))
 		switch {
 		case err != nil:
-			sweeps.WithLabelValues("failed").Inc()
+			m.Sweeps.WithLabelValues("failed").Inc()
 			return err
 		case res.Killed > 0:
-			sweeps.WithLabelValues("killed").Inc()
+			m.Sweeps.WithLabelValues("killed").Inc()
 			ops.Log.Warn("dashboard: ended what a chat turn's agent left running", "processes", res.Killed)
 		default:
-			sweeps.WithLabelValues("clean").Inc()
+			m.Sweeps.WithLabelValues("clean").Inc()
 		}
 		return nil
 	}

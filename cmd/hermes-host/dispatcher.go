@@ -285,14 +285,6 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if controlURL == "" {
 		controlURL = srv.URL()
 	}
-	served := make(chan error, 1)
-	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
-	defer func() {
-		stopSrv()
-		<-served
-	}()
-	go func() { served <- srv.Serve(srvCtx) }()
-
 	d := dispatch.New(dispatch.Config{
 		Instance: s.instance, Bot: bot, APIURL: s.apiURL, Runtime: rt, DB: pool, Leases: leases, Subagents: subagents, OrgsRoot: s.orgsRoot,
 		GatewayURL: s.gatewayURL, GatewayKey: s.gatewayKey, GatewaySecret: s.gatewaySec,
@@ -304,6 +296,16 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 		// process ones die with it, and dev removes its units.
 		KeepDashboards: !s.stopUnits && rt.Kind() == "docker",
 	})
+	// The dashboards' own /metrics, on their sockets where no Prometheus reaches, gathered
+	// with an org label on each series. Routes are added before the server serves.
+	router.Method(http.MethodGet, "/metrics/dashboards", d.DashboardMetrics())
+	served := make(chan error, 1)
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopSrv()
+		<-served
+	}()
+	go func() { served <- srv.Serve(srvCtx) }()
 	if s.limits.MemoryBytes == 0 || s.limits.NanoCPUs == 0 || s.limits.Pids == 0 {
 		log.Warn("org units are unbounded where a limit is 0 (UNIT_LIMITS_NONE=true)", "memory_bytes", s.limits.MemoryBytes,
 			"nano_cpus", s.limits.NanoCPUs, "pids", s.limits.Pids)
