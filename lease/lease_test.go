@@ -209,7 +209,7 @@ func TestPausedHolderIsRefusedAfterTakeover(t *testing.T) {
 	f := newFixture(t, Options{})
 	createAudit(t, f.pool)
 	ctx := context.Background()
-	old, err := f.store.TryAcquire(ctx, "session:chat-1", "turn-a", 30*time.Millisecond)
+	old, err := f.store.TryAcquire(ctx, "session:chat-1", "turn-a", 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,14 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// DefaultMaxConns is a pool's size unless its URL says pool_max_conns.
+const DefaultMaxConns = 16
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -24,6 +28,12 @@ func Config(url, defaultSchema string) (*pgxpool.Config, string, error) {
 	if err != nil {
 		// pgx's parse errors can quote the URL, password included.
 		return nil, "", fmt.Errorf("database URL does not parse as a Postgres URL or DSN")
+	}
+	// pgx's default pool is max(4, CPUs): on a small machine a dispatcher's lease refreshes
+	// (8 at a time), cycles and control API wait behind one another for 4 connections,
+	// and leases lapse while their refreshes queue. pool_max_conns in the URL sets another.
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	schema := defaultSchema
 	if sp, ok := cfg.ConnConfig.RuntimeParams["search_path"]; ok && sp != "" {

@@ -30,3 +30,20 @@ func TestConfigErrorsHideThePassword(t *testing.T) {
 		t.Fatalf("empty URL: %v", err)
 	}
 }
+
+// A pool holds DefaultMaxConns connections unless the URL sets pool_max_conns (pgx's own
+// default, max(4, CPUs), starved a dispatcher's lease refreshes on two cores).
+func TestConfigSizesThePool(t *testing.T) {
+	cfg, _, err := Config("postgres://u:p@127.0.0.1:5432/db", "hermes_host")
+	if err != nil || cfg.MaxConns != DefaultMaxConns {
+		t.Fatalf("default pool: %d connections (%v), want %d", cfg.MaxConns, err, DefaultMaxConns)
+	}
+	cfg, _, err = Config("postgres://u:p@127.0.0.1:5432/db?pool_max_conns=3", "hermes_host")
+	if err != nil || cfg.MaxConns != 3 {
+		t.Fatalf("pool_max_conns=3: %d connections (%v)", cfg.MaxConns, err)
+	}
+	cfg, _, err = Config("host=127.0.0.1 user=u dbname=db pool_max_conns=40", "hermes_host")
+	if err != nil || cfg.MaxConns != 40 {
+		t.Fatalf("a DSN's pool_max_conns=40: %d connections (%v)", cfg.MaxConns, err)
+	}
+}

@@ -86,12 +86,15 @@ func proxied(t *testing.T, allowLoopback bool) (*httptest.Server, *prometheus.Re
 	return srv, reg
 }
 
-func TestConnectSplicesToAnAllowedAddressAndRefusesOthers(t *testing.T) {
+// echoTarget is a TCP server on loopback that answers each line with "echo " and the
+// line; with once, it closes the connection after the first.
+func echoTarget(t *testing.T, once bool) net.Listener {
+	t.Helper()
 	target, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer target.Close()
+	t.Cleanup(func() { target.Close() })
 	go func() {
 		for {
 			c, err := target.Accept()
@@ -100,11 +103,25 @@ func TestConnectSplicesToAnAllowedAddressAndRefusesOthers(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "echo %s", line)
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "echo %s", line)
+					if once {
+						return
+					}
+				}
 			}()
 		}
 	}()
+	return target
+}
+
+func TestConnectSplicesToAnAllowedAddressAndRefusesOthers(t *testing.T) {
+	target := echoTarget(t, true)
 	for _, allow := range []bool{true, false} {
 		srv, reg := proxied(t, allow)
 		c, err := net.Dial("tcp", srv.Listener.Addr().String())
@@ -215,31 +232,8 @@ func TestRefusedIsAnError(t *testing.T) {
 }
 
 func TestAnOrgPastItsConnectionCapIsRefusedAndOthersAreNot(t *testing.T) {
-	target, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	go func() {
-		for {
-			c, err := target.Accept()
-			if err != nil {
-				return
-			}
-			// Held open until the client closes, echoing each line.
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					fmt.Fprintf(c, "echo %s", line)
-				}
-			}()
-		}
-	}()
+	// Held open until the client closes, echoing each line.
+	target := echoTarget(t, false)
 	reg := prometheus.NewRegistry()
 	p := New(Config{Registerer: reg, MaxConnsPerOrg: 2,
 		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
