@@ -74,6 +74,9 @@ type Store struct {
 	dummy []byte
 	// checks holds a place per bcrypt comparison of a login running (maxChecks).
 	checks chan struct{}
+	// firstDelay is the delay after MaxLoginFailures tries (firstLoginDelay; a test that
+	// counts tries made at once lengthens it, so that none of them comes after it).
+	firstDelay time.Duration
 }
 
 // New is a Store on pool whose new hashes have bcrypt cost cost (DefaultCost when zero).
@@ -88,7 +91,7 @@ func New(pool *pgxpool.Pool, cost int) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("operator store: %w", err)
 	}
-	return &Store{pool: pool, cost: cost, dummy: dummy, checks: make(chan struct{}, maxChecks)}, nil
+	return &Store{pool: pool, cost: cost, dummy: dummy, checks: make(chan struct{}, maxChecks), firstDelay: firstLoginDelay}, nil
 }
 
 func invalid(format string, a ...any) error {
@@ -380,7 +383,7 @@ WITH try AS (
 SELECT EXISTS (SELECT 1 FROM try),
        coalesce((SELECT last_at + least($3::interval, $5::interval * power(2, failures - $4))
                    FROM login_throttle WHERE name = $1 AND client = $2), now())`,
-		name, client, LoginFailureWindow.String(), MaxLoginFailures, firstLoginDelay.String()).Scan(&allowed, &until)
+		name, client, LoginFailureWindow.String(), MaxLoginFailures, s.firstDelay.String()).Scan(&allowed, &until)
 	if err != nil || allowed {
 		return time.Time{}, err
 	}
