@@ -702,10 +702,9 @@ func (d *Dispatcher) releaseIdle(ctx context.Context, snap *snapshot) {
 
 // KeepOwnership refreshes the org: leases every third of LeaseTTL until ctx ends; an org
 // whose lease was lost is dropped (its job in flight, if any, runs on under its home:
-// lease, and the next owner waits for it to end). The leases are refreshed keepParallel at
-// a time: each refresh is a commit, and one after another a round's length grows with the
-// orgs owned (MAX_ORGS, 100 by default) times a commit's, which on a saturated machine
-// passes the leases' TTL, and leases still held are lost.
+// lease, and the next owner waits for it to end). A round refreshes every owned lease in
+// one statement (lease.RefreshAll): one commit, where a commit per lease made a round's
+// length grow with the orgs owned, and on a saturated machine pass the leases' TTL.
 func (d *Dispatcher) KeepOwnership(ctx context.Context) {
 	t := time.NewTicker(d.cfg.LeaseTTL / 3)
 	defer t.Stop()
@@ -719,49 +718,34 @@ func (d *Dispatcher) KeepOwnership(ctx context.Context) {
 	}
 }
 
-// keepParallel is how many org: leases a round refreshes at once.
-const keepParallel = 8
-
 // keepRound refreshes every owned org: lease once.
 func (d *Dispatcher) keepRound(ctx context.Context) {
 	began := time.Now()
 	d.mu.Lock()
-	held := make(map[string]lease.Lease, len(d.owned))
-	for org, o := range d.owned {
-		held[org] = o.lease
+	held := make([]lease.Lease, 0, len(d.owned))
+	for _, o := range d.owned {
+		held = append(held, o.lease)
 	}
 	d.mu.Unlock()
-	slots := make(chan struct{}, keepParallel)
-	var wg sync.WaitGroup
-	for org, l := range held {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			d.refreshOwnership(ctx, org, l)
-		})
+	kept, lost, err := d.leases.RefreshAll(ctx, held, d.cfg.LeaseTTL)
+	if err != nil && ctx.Err() == nil {
+		d.cfg.Log.Warn("refresh the org leases", "orgs", len(held), "err", err)
 	}
-	wg.Wait()
+	d.mu.Lock()
+	for _, l := range kept {
+		if o := d.owned[strings.TrimPrefix(l.Key, "org:")]; o != nil && o.lease.Epoch == l.Epoch {
+			o.lease = l
+		}
+	}
+	d.mu.Unlock()
+	for _, l := range lost {
+		d.disown(strings.TrimPrefix(l.Key, "org:"), "the org lease was lost")
+	}
 	took := time.Since(began)
 	d.metrics.keepRound.Observe(took.Seconds())
 	if took > d.cfg.LeaseTTL/3 && ctx.Err() == nil {
 		d.cfg.Log.Warn("refreshing the org leases took longer than their refresh interval",
 			"orgs", len(held), "took", took.String(), "interval", (d.cfg.LeaseTTL / 3).String())
-	}
-}
-
-func (d *Dispatcher) refreshOwnership(ctx context.Context, org string, l lease.Lease) {
-	next, err := d.leases.Refresh(ctx, l, d.cfg.LeaseTTL)
-	switch {
-	case err == nil:
-		d.mu.Lock()
-		if o := d.owned[org]; o != nil && o.lease.Epoch == l.Epoch {
-			o.lease = next
-		}
-		d.mu.Unlock()
-	case errors.Is(err, lease.ErrLost):
-		d.disown(org, "the org lease was lost")
-	case ctx.Err() == nil:
-		d.cfg.Log.Warn("refresh org lease", "key", l.Key, "err", err)
 	}
 }
 

@@ -265,3 +265,78 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkRefreshRound: one round refreshes a dispatcher's 100 org: leases. The baseline
+// is what a round did before RefreshAll: each lease's Refresh on its own, 8 at a time
+// through a pool of 40 connections. After each run every lease must still be
+// held at its epoch with one refresh event per round.
+func BenchmarkRefreshRound(b *testing.B) {
+	const orgs, parallel = 100, 8
+	setup := func(b *testing.B) (*pgxpool.Pool, *Store, []Lease) {
+		pool := benchPool(b)
+		s := New(pool, Options{})
+		b.Cleanup(s.Close)
+		ls := make([]Lease, orgs)
+		for i := range ls {
+			l, err := s.TryAcquire(context.Background(), fmt.Sprintf("org:bench-%03d", i), "dispatch-bench", time.Hour)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ls[i] = l
+		}
+		return pool, s, ls
+	}
+	check := func(b *testing.B, pool *pgxpool.Pool, rounds int) {
+		b.Helper()
+		var held, refreshes int
+		if err := pool.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM leases WHERE holder = 'dispatch-bench' AND epoch = 1 AND expires_at > now()),
+			(SELECT count(*) FROM lease_events WHERE kind = 'refresh')`).Scan(&held, &refreshes); err != nil {
+			b.Fatal(err)
+		}
+		if held != orgs || refreshes != orgs*rounds {
+			b.Fatalf("after %d rounds: %d of %d leases held, %d refresh events (want %d)", rounds, held, orgs, refreshes, orgs*rounds)
+		}
+	}
+	report := func(b *testing.B, elapsed time.Duration) {
+		b.ReportMetric(float64(elapsed.Milliseconds())/float64(b.N), "ms/round")
+	}
+	b.Run("baseline-refresh-each-8-at-a-time", func(b *testing.B) {
+		pool, s, ls := setup(b)
+		ctx := context.Background()
+		start := time.Now()
+		for b.Loop() {
+			slots := make(chan struct{}, parallel)
+			var wg sync.WaitGroup
+			var failed atomic.Pointer[error]
+			for i := range ls {
+				slots <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-slots }()
+					if _, err := s.Refresh(ctx, ls[i], time.Hour); err != nil {
+						failed.Store(&err)
+					}
+				})
+			}
+			wg.Wait()
+			if err := failed.Load(); err != nil {
+				b.Fatal(*err)
+			}
+		}
+		report(b, time.Since(start))
+		check(b, pool, b.N)
+	})
+	b.Run("refresh-all", func(b *testing.B) {
+		pool, s, ls := setup(b)
+		ctx := context.Background()
+		start := time.Now()
+		for b.Loop() {
+			kept, lost, err := s.RefreshAll(ctx, ls, time.Hour)
+			if err != nil || len(kept) != orgs || len(lost) != 0 {
+				b.Fatalf("refreshed %d, lost %d: %v", len(kept), len(lost), err)
+			}
+		}
+		report(b, time.Since(start))
+		check(b, pool, b.N)
+	})
+}

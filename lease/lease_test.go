@@ -134,6 +134,87 @@ func TestRefreshReturnsTheWholeHolding(t *testing.T) {
 	}
 }
 
+// RefreshAll refreshes, in one statement, exactly the holdings Refresh would: a holding
+// still current is extended and audited; one whose secret is wrong, one that expired and
+// was taken over, and one named with another holder are lost, untouched, and counted.
+func TestRefreshAllRefreshesExactlyTheCurrentHoldings(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	acquire := func(key, holder string, ttl time.Duration) Lease {
+		t.Helper()
+		l, err := f.store.TryAcquire(ctx, key, holder, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a := acquire("org:acme", "dispatch-a", time.Minute)
+	b := acquire("org:globex", "dispatch-a", time.Minute)
+	c := acquire("org:initech", "dispatch-a", 30*time.Millisecond)
+	d := acquire("org:umbrella", "dispatch-a", time.Minute)
+	e := acquire("org:hooli", "dispatch-a", time.Minute)
+	f.awaitExpiry(t, c)
+	c2 := acquire("org:initech", "dispatch-b", time.Minute)
+	wrongSecret := b
+	wrongSecret.Secret = a.Secret
+	otherHolder := d
+	otherHolder.Holder = "dispatch-b"
+
+	kept, lost, err := f.store.RefreshAll(ctx, []Lease{a, wrongSecret, c, otherHolder, e}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 2 || kept[0].Key != a.Key || kept[1].Key != e.Key {
+		t.Fatalf("kept %+v, want acme and hooli", kept)
+	}
+	for i, was := range []Lease{a, e} {
+		k := kept[i]
+		if k.Epoch != was.Epoch || k.Secret != was.Secret || !k.AcquiredAt.Equal(was.AcquiredAt) ||
+			k.ExpiresAt.Sub(was.ExpiresAt) < 50*time.Minute {
+			t.Errorf("refreshed %+v from %+v", k, was)
+		}
+		info, err := f.store.Holder(ctx, was.Key)
+		if err != nil || !info.ExpiresAt.Equal(k.ExpiresAt) {
+			t.Errorf("%s in the table: %+v %v, the refresh said %v", was.Key, info, err, k.ExpiresAt)
+		}
+		if got := f.events(t, was.Key); strings.Join(got, ",") != "acquire,refresh" {
+			t.Errorf("%s events %v", was.Key, got)
+		}
+	}
+	if len(lost) != 3 || lost[0].Key != b.Key || lost[1].Key != c.Key || lost[2].Key != d.Key {
+		t.Fatalf("lost %+v, want globex, initech and umbrella", lost)
+	}
+	for _, was := range []Lease{b, c2, d} {
+		info, err := f.store.Holder(ctx, was.Key)
+		if err != nil || info.Holder != was.Holder || info.Epoch != was.Epoch || !info.ExpiresAt.Equal(was.ExpiresAt) {
+			t.Errorf("%s was touched: %+v %v, want %+v", was.Key, info, err, was)
+		}
+	}
+	if got := f.events(t, b.Key); strings.Join(got, ",") != "acquire" {
+		t.Errorf("globex events %v", got)
+	}
+	if n := testutil.ToFloat64(f.store.metrics.refused.WithLabelValues("refresh", "org")); n != 3 {
+		t.Errorf("%v refused refreshes counted, want 3", n)
+	}
+	if n := testutil.ToFloat64(f.store.metrics.events.WithLabelValues(KindRefresh, "org")); n != 2 {
+		t.Errorf("%v refresh events counted, want 2", n)
+	}
+
+	// What one holding cannot be, a batch cannot be either.
+	if _, _, err := f.store.RefreshAll(ctx, []Lease{a, a}, time.Hour); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a key twice: %v", err)
+	}
+	if _, _, err := f.store.RefreshAll(ctx, []Lease{a, {Key: "nope", Holder: "x"}}, time.Hour); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a bad key: %v", err)
+	}
+	if _, _, err := f.store.RefreshAll(ctx, []Lease{a}, 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("no ttl: %v", err)
+	}
+	if kept, lost, err := f.store.RefreshAll(ctx, nil, time.Hour); err != nil || kept != nil || lost != nil {
+		t.Errorf("nothing to refresh: %v %v %v", kept, lost, err)
+	}
+}
+
 func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()

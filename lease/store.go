@@ -183,6 +183,77 @@ SELECT acquired_at, expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl), 
 	return out, nil
 }
 
+// RefreshAll does what Refresh does to each of ls, in one statement and one commit, for a
+// holder that keeps many leases (a dispatcher's org: leases): one by one, each refresh is a
+// commit of its own, and on a saturated machine a round of them outlasts the leases' TTL.
+// kept are the refreshed leases and lost those Refresh would have answered ErrLost, each
+// in ls's order; an error refreshed none. A key may appear once.
+func (s *Store) RefreshAll(ctx context.Context, ls []Lease, ttl time.Duration) (kept, lost []Lease, err error) {
+	if err := CheckTTL(ttl); err != nil {
+		return nil, nil, err
+	}
+	keys := make([]string, len(ls))
+	holders := make([]string, len(ls))
+	epochs := make([]int64, len(ls))
+	hashes := make([][]byte, len(ls))
+	seen := make(map[string]bool, len(ls))
+	for i, l := range ls {
+		if err := errors.Join(CheckKey(l.Key), CheckHolder(l.Holder)); err != nil {
+			return nil, nil, err
+		}
+		if seen[l.Key] {
+			return nil, nil, invalid("key %q appears twice in one refresh", l.Key)
+		}
+		seen[l.Key] = true
+		keys[i], holders[i], epochs[i], hashes[i] = l.Key, l.Holder, l.Epoch, secretHash(l.Secret)
+	}
+	if len(ls) == 0 {
+		return nil, nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `
+WITH want AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS w(key, holder, epoch, secret_hash)
+), up AS (
+    UPDATE leases l SET expires_at = now() + $5 * interval '1 microsecond', updated_at = now()
+      FROM want w
+     WHERE l.key = w.key AND l.holder = w.holder AND l.epoch = w.epoch AND l.expires_at > now()
+       AND (l.secret_hash IS NULL OR l.secret_hash = w.secret_hash)
+    RETURNING l.key, l.holder, l.epoch, l.acquired_at, l.expires_at
+), ev AS (
+    INSERT INTO lease_events (key, kind, holder, epoch) SELECT key, 'refresh', holder, epoch FROM up
+)
+SELECT key, acquired_at, expires_at FROM up`, keys, holders, epochs, hashes, micros(ttl))
+	if err != nil {
+		return nil, nil, fmt.Errorf("refresh %d leases: %w", len(ls), err)
+	}
+	type times struct{ acquired, expires time.Time }
+	got := make(map[string]times, len(ls))
+	for rows.Next() {
+		var key string
+		var t times
+		if err := rows.Scan(&key, &t.acquired, &t.expires); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("refresh %d leases: %w", len(ls), err)
+		}
+		got[key] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("refresh %d leases: %w", len(ls), err)
+	}
+	for _, l := range ls {
+		t, ok := got[l.Key]
+		if !ok {
+			s.metrics.refused.WithLabelValues("refresh", Namespace(l.Key)).Inc()
+			lost = append(lost, l)
+			continue
+		}
+		l.AcquiredAt, l.ExpiresAt = t.acquired, t.expires
+		s.metrics.event(KindRefresh, l.Key)
+		kept = append(kept, l)
+	}
+	return kept, lost, nil
+}
+
 // Release frees l while its holder and epoch match, and wakes waiters. Releasing twice, or
 // after the lease expired and nobody took it, is not an error; releasing a lease that
 // someone else has taken since is ErrLost, and one this holder never had ErrNotHolder.
