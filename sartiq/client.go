@@ -9,10 +9,11 @@
 // Retries: requests that are safe to repeat (reads, heartbeats, the idempotent start and
 // proposal writes, presign) are retried with backoff on 5xx and network errors; never on
 // 4xx. Requests that are not (claim, re-claim, events, complete, fail, release, upload)
-// are retried only when the connection could not even be made, so the server never saw
-// them. A claim whose response is lost may have succeeded with a token nobody holds: the
-// caller logs it and moves on; no heartbeat comes, so after STALE_AFTER the job is stale
-// and the normal recovery re-claims it (revoking the lost token).
+// are retried only when the server never saw them: the connection could not even be made,
+// or the server closed it idle as the request was given it. A claim whose response is
+// lost may have succeeded with a token nobody holds: the caller logs it and moves on; no
+// heartbeat comes, so after STALE_AFTER the job is stale and the normal recovery
+// re-claims it (revoking the lost token).
 package sartiq
 
 import (
@@ -151,7 +152,7 @@ type repeat bool
 const (
 	// idempotent requests are retried on 5xx and network errors.
 	idempotent repeat = true
-	// once requests are retried only when the connection was never made.
+	// once requests are retried only when they were never sent (closedBeforeSent too).
 	once repeat = false
 )
 
@@ -239,7 +240,7 @@ func (c *Client) try(ctx context.Context, r request) (body []byte, retry bool, e
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var op *net.OpError
-		neverSent := errors.As(err, &op) && op.Op == "dial"
+		neverSent := errors.As(err, &op) && op.Op == "dial" || closedBeforeSent(err)
 		return nil, bool(r.repeat) || neverSent, fmt.Errorf("%s: %w", r.op, err)
 	}
 	defer resp.Body.Close()
@@ -256,6 +257,15 @@ func (c *Client) try(ctx context.Context, r request) (body []byte, retry bool, e
 		ae.Code, ae.Message = eb.Error, eb.Message
 	}
 	return nil, bool(r.repeat) && resp.StatusCode >= 500, ae
+}
+
+// closedBeforeSent: net/http's errServerClosedIdle, unexported, so matched by text. The
+// transport saw the server close a kept-alive connection with no request on it, as ours
+// was being handed it, and closed it before ours could go out: the server never saw ours,
+// but net/http retries it itself only when idempotent.
+func closedBeforeSent(err error) bool {
+	var ue *url.Error
+	return errors.As(err, &ue) && ue.Err != nil && ue.Err.Error() == "http: server closed idle connection"
 }
 
 // call sends a JSON request and decodes a JSON answer into out (when non-nil).
