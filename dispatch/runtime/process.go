@@ -23,8 +23,11 @@ import (
 // memorySampleInterval is how often Process measures a running exec's resident memory.
 const memorySampleInterval = 50 * time.Millisecond
 
-// outputDrainWait bounds how long an ended exec waits for its output pipes to close after
-// its process group was killed; only a process that left the group can hold them longer.
+// outputDrainWait bounds how long an ended exec waits on an output pipe that gives nothing
+// after its process group was killed: only a process that left the group can hold it open.
+// A pipe still giving output, or whose reader waits on a slow consumer (the dispatcher
+// mirrors each line in a transaction of its own), is read to its end: its last line is
+// the run's outcome.
 const outputDrainWait = 2 * time.Second
 
 // sandboxGoneWait bounds how long an ended sandbox's namespace may take to empty once its
@@ -350,8 +353,9 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 		stdinW.Close()
 	}()
 	var output sync.WaitGroup
-	output.Go(func() { _, _ = io.Copy(orDiscard(command.Stdout), stdoutR) })
-	output.Go(func() { _, _ = io.Copy(orDiscard(command.Stderr), stderrR) })
+	stdout, stderr := &pipeCopy{r: stdoutR}, &pipeCopy{r: stderrR}
+	output.Go(func() { stdout.copyTo(orDiscard(command.Stdout)) })
+	output.Go(func() { stderr.copyTo(orDiscard(command.Stderr)) })
 	stopSampling := make(chan struct{})
 	var sampler sync.WaitGroup
 	if limit := p.cfg.Limits.MemoryBytes; limit > 0 {
@@ -372,12 +376,17 @@ func (p *Process) exec(ctx context.Context, u *processUnit, e *processExec, comm
 		output.Wait()
 		close(drained)
 	}()
-	select {
-	case <-drained:
-	case <-time.After(outputDrainWait):
-		stdoutR.Close()
-		stderrR.Close()
-		<-drained
+	ended := time.Now()
+	tick := time.NewTicker(outputDrainWait / 8)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-drained:
+			waiting = false
+		case now := <-tick.C:
+			stdout.cutIfHeld(ended, now)
+			stderr.cutIfHeld(ended, now)
+		}
 	}
 
 	var exitErr *exec.ExitError
@@ -703,4 +712,40 @@ func (p *Process) unitUser(ctx context.Context, org string) (uid, gid int, err e
 		return 0, 0, err
 	}
 	return parseUser(user)
+}
+
+// pipeCopy copies an exec's output pipe to its consumer, and knows since when it has been
+// waiting on the pipe (rather than on the consumer).
+type pipeCopy struct {
+	r       *os.File
+	reading atomic.Int64 // UnixNano when the pending read began; 0 while none is
+}
+
+func (c *pipeCopy) copyTo(w io.Writer) {
+	buf := make([]byte, 32<<10)
+	for {
+		c.reading.Store(time.Now().UnixNano())
+		n, err := c.r.Read(buf)
+		c.reading.Store(0)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// cutIfHeld closes the pipe when its reader has waited on it, with nothing coming, for
+// outputDrainWait since the exec ended: a process that left the group holds it open.
+func (c *pipeCopy) cutIfHeld(ended, now time.Time) {
+	since := c.reading.Load()
+	if since == 0 {
+		return
+	}
+	if now.Sub(time.Unix(0, max(since, ended.UnixNano()))) >= outputDrainWait {
+		c.r.Close()
+	}
 }

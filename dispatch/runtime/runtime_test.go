@@ -96,6 +96,7 @@ var runtimeCases = []struct {
 }{
 	{"EnsureIsIdempotent", testEnsureIsIdempotent},
 	{"ExecStreamsStdinAndStdout", testExecStreams},
+	{"SlowConsumerGetsTheLastLine", testSlowConsumer},
 	{"ExitCodes", testExitCodes},
 	{"CancelKillsEverythingTheExecStarted", testCancel},
 	{"SecretsOnlyInExecEnvironment", testSecrets},
@@ -298,6 +299,113 @@ func testExecStreams(t *testing.T, h harness) {
 	if !strings.Contains(stderr.String(), "testagent: echo done") {
 		t.Errorf("stderr %q lacks the agent's line", stderr.String())
 	}
+}
+
+// An exec whose consumer is slow (the dispatcher mirrors each line in a transaction of
+// its own, slow on a saturated machine) still delivers every line its program wrote
+// before it exited: the last one is a run's outcome. The consumer takes the first line and
+// then stays busy with it for longer than the runtime waits on an idle pipe after an exit,
+// while the program writes its last line and ends.
+func testSlowConsumer(t *testing.T, h harness) {
+	cfg := testConfig(t, nil)
+	rt := h.start(t, cfg)
+	org := newOrg(t, cfg, "slow")
+	mustEnsureWorker(t, rt, org)
+
+	stdinR, stdinW := io.Pipe()
+	defer stdinW.Close()
+	got := &slowWriter{first: make(chan struct{}), hold: outputDrainWait + 2*time.Second}
+	done := make(chan error, 1)
+	go func() {
+		status, err := rt.Exec(testContext(t), org, Command{Args: []string{"testagent", "echo"}, Stdin: stdinR, Stdout: got})
+		if err == nil && status.Code != 0 {
+			err = fmt.Errorf("exit %v", status)
+		}
+		done <- err
+	}()
+	if _, err := io.WriteString(stdinW, "first\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got.first:
+	case err := <-done:
+		t.Fatalf("exec ended (%v) before its first line arrived", err)
+	case <-testContext(t).Done():
+		t.Fatal("no first line")
+	}
+	if _, err := io.WriteString(stdinW, "outcome\n"); err != nil {
+		t.Fatal(err)
+	}
+	stdinW.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	if out := got.String(); out != "first\noutcome\n" {
+		t.Fatalf("the consumer got %q, want both lines", out)
+	}
+}
+
+// Unsandboxed, a process the program detached into a session of its own outlives it and
+// may keep its output open: the exec still ends, soon after its program, with what the
+// program wrote. (In a sandbox nothing outlives the exec.)
+func TestProcessExecEndsWhenALeftoverHoldsItsOutput(t *testing.T) {
+	var h harness
+	for _, c := range harnesses() {
+		if c.name == "process-unsandboxed" {
+			h = c
+		}
+	}
+	cfg := testConfig(t, nil)
+	rt := h.start(t, cfg)
+	org := newOrg(t, cfg, "held")
+	mustEnsureWorker(t, rt, org)
+	done := make(chan string, 1)
+	go func() {
+		out, _, status := run(t, rt, org, "", nil, "testagent", "detach", "held-"+randomHex(4), "hold")
+		if status.Code != 0 {
+			out = fmt.Sprintf("exit %v", status)
+		}
+		done <- out
+	}()
+	var out string
+	select {
+	case out = <-done:
+	case <-time.After(outputDrainWait + 30*time.Second):
+		t.Fatal("the exec did not end while a leftover held its output")
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("detach printed %q, not its child's pid", out)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Errorf("the leftover %d: %v", pid, err)
+	}
+}
+
+// slowWriter takes its first write, says so, and stays in it for hold.
+type slowWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	first chan struct{}
+	hold  time.Duration
+	once  sync.Once
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.buf.Write(p)
+	w.mu.Unlock()
+	w.once.Do(func() {
+		close(w.first)
+		time.Sleep(w.hold)
+	})
+	return len(p), nil
+}
+
+func (w *slowWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 func testExitCodes(t *testing.T, h harness) {

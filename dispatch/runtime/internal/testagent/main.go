@@ -287,10 +287,11 @@ func dashboard(args []string) error {
 }
 
 // detach starts `testagent sleep 1h TAG` in a session of its own, as `setsid nohup ... &`
-// does, prints its pid and exits at once, leaving it behind.
+// does, prints its pid and exits at once, leaving it behind; with "hold" the child keeps
+// this program's stdout and stderr open (`setsid cmd &` without nohup's redirection).
 func detach(args []string) error {
-	if len(args) != 1 {
-		return fmt.Errorf("usage: detach TAG")
+	if len(args) != 1 && (len(args) != 2 || args[1] != "hold") {
+		return fmt.Errorf("usage: detach TAG [hold]")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -298,6 +299,9 @@ func detach(args []string) error {
 	}
 	child := exec.Command(self, "sleep", "1h", args[0])
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if len(args) == 2 {
+		child.Stdout, child.Stderr = os.Stdout, os.Stderr
+	}
 	if err := child.Start(); err != nil {
 		return err
 	}
