@@ -145,15 +145,13 @@ type serviceProc struct {
 	done chan error
 }
 
-// startService runs `hermes-host args...` with env, waits for its "listening" line of
-// server name and stops it (SIGTERM) when the benchmark ends.
+// startService runs `hermes-host args...` with env, its log in a file of its own
+// (benchLogFile), waits for its "listening" line of server name and stops it (SIGTERM)
+// when the benchmark ends.
 func startService(b *testing.B, name string, env []string, args ...string) *serviceProc {
 	b.Helper()
-	logPath := filepath.Join(b.TempDir(), name+".log")
-	out, err := os.Create(logPath)
-	if err != nil {
-		b.Fatal(err)
-	}
+	out := benchLogFile(b, name)
+	logPath := out.Name()
 	cmd := exec.Command(filepath.Join(binDir, "hermes-host"), args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "LOG_FORMAT=json", "LOG_LEVEL=info"}, env...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -196,10 +194,17 @@ func startService(b *testing.B, name string, env []string, args ...string) *serv
 	return p
 }
 
-// scaleLog is the log of the benchmark's dispatchers and runtime, a JSON file in the run's
-// temporary directory (HERMES_BENCH_LOG_DIR keeps it): a failed run names its warnings and
-// errors, message by message, so a run that went wrong an hour in can be read.
+// scaleLog is the log of the benchmark's dispatchers and runtime, a JSON file (as the
+// backend's and gateway's are): a run that went wrong an hour in can be read.
 func scaleLog(b *testing.B, name string) *slog.Logger {
+	b.Helper()
+	return slog.New(slog.NewJSONHandler(benchLogFile(b, name), nil))
+}
+
+// benchLogFile is a new log file named for name, in HERMES_BENCH_LOG_DIR or else the
+// benchmark's temporary directory, closed when the benchmark ends; a failed benchmark
+// names its warnings and errors, message by message.
+func benchLogFile(b *testing.B, name string) *os.File {
 	b.Helper()
 	dir := os.Getenv("HERMES_BENCH_LOG_DIR")
 	if dir == "" {
@@ -226,12 +231,12 @@ func scaleLog(b *testing.B, name string) *slog.Logger {
 			}
 		}
 		keys := slices.SortedFunc(maps.Keys(counts), func(a, c string) int { return cmp.Compare(counts[c], counts[a]) })
-		b.Logf("the dispatchers' log (%s): %d kinds of warning and error", path, len(keys))
+		b.Logf("the %s log (%s): %d kinds of warning and error", name, path, len(keys))
 		for _, k := range keys[:min(len(keys), 20)] {
 			b.Logf("  %6d %s", counts[k], k)
 		}
 	})
-	return slog.New(slog.NewJSONHandler(f, nil))
+	return f
 }
 
 func newScaleWorld(b *testing.B, kind string) *scaleWorld {

@@ -29,9 +29,10 @@ func Config(url, defaultSchema string) (*pgxpool.Config, string, error) {
 		// pgx's parse errors can quote the URL, password included.
 		return nil, "", fmt.Errorf("database URL does not parse as a Postgres URL or DSN")
 	}
-	// pgx's default pool is max(4, CPUs): on a small machine a dispatcher's lease refreshes
-	// (8 at a time), cycles and control API wait behind one another for 4 connections,
-	// and leases lapse while their refreshes queue. pool_max_conns in the URL sets another.
+	// pgx's default pool is max(4, CPUs): on a small machine a dispatcher's runs (each
+	// keeping its home: lease and mirroring its lines), cycles, org: lease rounds and
+	// control API wait behind one another for 4 connections, and leases lapse while their
+	// refreshes queue. pool_max_conns in the URL sets another.
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = DefaultMaxConns
 	}
