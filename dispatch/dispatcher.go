@@ -576,7 +576,7 @@ func (d *Dispatcher) prepareClaim(ctx context.Context, org string) (*delivery, b
 	}()
 	refreshed, err := d.leases.Refresh(ctx, held, d.cfg.LeaseTTL)
 	if errors.Is(err, lease.ErrLost) {
-		d.disown(org, "the org lease was lost")
+		d.disown(held, "the org lease was lost")
 		return nil, false, nil
 	}
 	if err != nil {
@@ -670,8 +670,17 @@ func (d *Dispatcher) free(org string, dl *delivery) {
 	d.metrics.inFlight.Set(float64(len(d.inFlight)))
 }
 
-func (d *Dispatcher) disown(org, why string) {
+// disown drops the org of l, a lost org: lease, while it is still the holding owned.
+func (d *Dispatcher) disown(l lease.Lease, why string) {
+	org := strings.TrimPrefix(l.Key, "org:")
 	d.mu.Lock()
+	// Only the holding that was lost: the org may have been given up and taken again
+	// since, at a new epoch.
+	o := d.owned[org]
+	if o == nil || o.lease.Epoch != l.Epoch {
+		d.mu.Unlock()
+		return
+	}
 	delete(d.owned, org)
 	d.metrics.owned.Set(float64(len(d.owned)))
 	d.mu.Unlock()
@@ -739,7 +748,7 @@ func (d *Dispatcher) keepRound(ctx context.Context) {
 	}
 	d.mu.Unlock()
 	for _, l := range lost {
-		d.disown(strings.TrimPrefix(l.Key, "org:"), "the org lease was lost")
+		d.disown(l, "the org lease was lost")
 	}
 	took := time.Since(began)
 	d.metrics.keepRound.Observe(took.Seconds())

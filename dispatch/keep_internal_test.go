@@ -3,12 +3,14 @@ package dispatch
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"hermeshost/lease"
 	"hermeshost/pg/pgtest"
 )
 
@@ -57,5 +59,54 @@ func TestOwnershipHoldsWhenRefreshesAreSlow(t *testing.T) {
 	}
 	if rounds != 3 {
 		t.Fatalf("%d rounds observed, want 3", rounds)
+	}
+}
+
+// A round disowns exactly the orgs whose lease it lost: one taken over by another holder
+// is dropped; one given up and taken again at a new epoch while the round ran (its
+// snapshot still has the old holding) stays owned, at its new holding.
+func TestARoundDisownsOnlyTheHoldingsItLost(t *testing.T) {
+	_, db := pgtest.Schema(t)
+	d := New(Config{DB: db, Registerer: prometheus.NewPedanticRegistry(), Instance: "keep-test", Log: slog.New(slog.DiscardHandler), LeaseTTL: time.Minute})
+	t.Cleanup(d.Close)
+	ctx := t.Context()
+	own := func(org string) lease.Lease {
+		l, err := d.leases.TryAcquire(ctx, "org:"+org, d.holder, d.cfg.LeaseTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.owned[org] = &ownership{lease: l, lastWork: time.Now()}
+		return l
+	}
+	own("kept")
+	taken := own("taken")
+	again := own("again")
+	if _, err := d.leases.ForceRelease(ctx, taken.Key, "test", "taken over"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.leases.TryAcquire(ctx, taken.Key, "someone-else", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The round refreshes the snapshot's old holding of "again", which was released and
+	// taken again meanwhile.
+	if err := d.leases.Release(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	retaken := own("again")
+	_, lost, err := d.leases.RefreshAll(ctx, []lease.Lease{taken, again}, time.Minute)
+	if err != nil || len(lost) != 2 {
+		t.Fatalf("lost %v, %v; want both old holdings", lost, err)
+	}
+	for _, l := range lost {
+		d.disown(l, "the org lease was lost")
+	}
+	d.keepRound(ctx)
+	owned := d.Owned()
+	slices.Sort(owned)
+	if !slices.Equal(owned, []string{"again", "kept"}) {
+		t.Fatalf("owned %v, want again and kept", owned)
+	}
+	if got := d.owned["again"].lease.Epoch; got != retaken.Epoch {
+		t.Errorf("again owned at epoch %d, want %d", got, retaken.Epoch)
 	}
 }

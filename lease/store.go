@@ -158,29 +158,14 @@ func secretHash(secret string) []byte {
 // it returns has the row's acquired_at, so a caller that knows only key, holder and epoch
 // (the control API's) gets the whole holding back.
 func (s *Store) Refresh(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
-	if err := errors.Join(CheckKey(l.Key), CheckHolder(l.Holder), CheckTTL(ttl)); err != nil {
+	kept, _, err := s.RefreshAll(ctx, []Lease{l}, ttl)
+	if err != nil {
 		return l, err
 	}
-	out := l
-	err := s.pool.QueryRow(ctx, `
-WITH up AS (
-    UPDATE leases SET expires_at = now() + $4 * interval '1 microsecond', updated_at = now()
-     WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
-       AND (secret_hash IS NULL OR secret_hash = $5)
-    RETURNING key, holder, epoch, acquired_at, expires_at
-), ev AS (
-    INSERT INTO lease_events (key, kind, holder, epoch) SELECT key, 'refresh', holder, epoch FROM up
-)
-SELECT acquired_at, expires_at FROM up`, l.Key, l.Holder, l.Epoch, micros(ttl), secretHash(l.Secret)).Scan(&out.AcquiredAt, &out.ExpiresAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		s.metrics.refused.WithLabelValues("refresh", Namespace(l.Key)).Inc()
+	if len(kept) == 0 {
 		return l, fmt.Errorf("refresh %s as %s (epoch %d): %w", l.Key, l.Holder, l.Epoch, ErrLost)
 	}
-	if err != nil {
-		return l, fmt.Errorf("refresh %s: %w", l.Key, err)
-	}
-	s.metrics.event(KindRefresh, l.Key)
-	return out, nil
+	return kept[0], nil
 }
 
 // RefreshAll does what Refresh does to each of ls, in one statement and one commit, for a
