@@ -611,6 +611,11 @@ func (w *benchWorld) claimBare(ctx context.Context, org, job string) (env []stri
 	if err != nil {
 		return nil, nil, err
 	}
+	return w.bareRun(org, c)
+}
+
+// bareRun is what a bare `worker run-job` is given for claim c of org.
+func (w *benchWorld) bareRun(org string, c *sartiq.Claim) (env []string, assignment []byte, err error) {
 	key, err := gateway.OrgKey(gatewaySecret, org)
 	if err != nil {
 		return nil, nil, err

@@ -134,8 +134,9 @@ type scaleWorld struct {
 	jobsMu sync.Mutex
 	byOrg  map[string][]string // every job queued in the world, by org, in queue order
 
-	restarts  atomic.Int64 // workers runJobDirect found not running and started again
-	unstarted atomic.Int64 // run-jobs runJobDirect ran again as the engine had not started them
+	restarts   atomic.Int64 // workers runJobDirect found not running and started again
+	unstarted  atomic.Int64 // run-jobs runJobDirect ran again as the engine had not started them
+	lostClaims atomic.Int64 // claims claimDirect sent whose answer did not come
 }
 
 // serviceProc is a `hermes-host` service run for a benchmark.
@@ -404,7 +405,11 @@ func (w *scaleWorld) queueAndRunDirect(b *testing.B, per int) map[string][]strin
 // dispatcher's next delivery would; such restarts are counted.
 func (w *scaleWorld) runJobDirect(org, job string) error {
 	ctx := context.Background()
-	env, assignment, err := w.claimBare(ctx, org, job)
+	c, err := w.claimDirect(ctx, job)
+	if err != nil {
+		return err
+	}
+	env, assignment, err := w.bareRun(org, c)
 	if err != nil {
 		return err
 	}
@@ -429,6 +434,32 @@ func (w *scaleWorld) runJobDirect(org, job string) error {
 		}
 		return nil
 	}
+}
+
+// claimDirect claims job for the bare baseline. A claim whose answer did not come (a bare
+// EOF under the run's load: the backend may have taken it) is settled as a dispatcher
+// settles one: a job still QUEUED is claimed again, and one the lost claim took is
+// re-claimed once it has gone stale. Such claims are counted; a refusal is a failure.
+func (w *scaleWorld) claimDirect(ctx context.Context, job string) (*sartiq.Claim, error) {
+	c, err := w.bot.Claim(ctx, job)
+	for tries := 0; err != nil && tries < 3; tries++ {
+		var answered *sartiq.APIError
+		if errors.As(err, &answered) {
+			return nil, err
+		}
+		w.lostClaims.Add(1)
+		var status string
+		if qerr := w.db.QueryRow(ctx, `SELECT status FROM agent_jobs WHERE id = $1`, job).Scan(&status); qerr != nil {
+			return nil, errors.Join(err, qerr)
+		}
+		if status == sartiq.StatusQueued {
+			c, err = w.bot.Claim(ctx, job)
+			continue
+		}
+		time.Sleep(scaleStale + time.Second)
+		c, err = w.bot.Reclaim(ctx, job)
+	}
+	return c, err
 }
 
 // queueAndDrain queues per jobs for every org and waits until the backend has every one
@@ -622,6 +653,7 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 	if !dispatched {
 		b.ReportMetric(float64(w.restarts.Swap(0)), "worker-restarts")
 		b.ReportMetric(float64(w.unstarted.Swap(0)), "execs-not-started")
+		b.ReportMetric(float64(w.lostClaims.Swap(0)), "claims-unanswered")
 	}
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "jobs/s")
 	b.ReportMetric(elapsed.Seconds(), "run-s")

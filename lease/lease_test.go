@@ -436,7 +436,10 @@ func TestAcquireHonoursContext(t *testing.T) {
 func TestKeepHoldsPastTTLAndCancelsWhenLost(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()
-	const ttl = 600 * time.Millisecond
+	// A refresh is due every ttl/3 and the work is cancelled once none has landed within a
+	// ttl, so a refresh may take up to 2/3 of it. 600 ms left 400 ms, which a CI run with
+	// every package's tests at once exceeded; 2 s leaves 1.3 s.
+	const ttl = 2 * time.Second
 	l, err := f.store.TryAcquire(ctx, "home:kept", "worker", ttl)
 	if err != nil {
 		t.Fatal(err)
