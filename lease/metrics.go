@@ -7,8 +7,6 @@ type metrics struct {
 	refused   *prometheus.CounterVec
 	contended *prometheus.CounterVec
 	wait      *prometheus.HistogramVec
-	kept      prometheus.Gauge
-	keepRound prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -26,16 +24,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "hermes_lease_acquire_wait_seconds", Help: "How long a waiting Acquire waited.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"namespace"}),
-		kept: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hermes_lease_kept", Help: "Leases being kept (refreshed in the background while work runs under them).",
-		}),
-		keepRound: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "hermes_lease_keep_round_seconds", Help: "How long a round refreshing every kept lease of one TTL took; past a third of the TTL the leases risk lapsing.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.refused, m.contended, m.wait, m.kept, m.keepRound)
+		reg.MustRegister(m.events, m.refused, m.contended, m.wait)
 	}
 	return m
 }

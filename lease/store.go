@@ -31,10 +31,6 @@ type Store struct {
 	// eventsListener wakes Changes' waiters (eventsChannel).
 	eventsOnce     sync.Once
 	eventsListener *pg.Listener
-
-	// keepers refresh the leases Keep keeps, one per TTL.
-	keepersMu sync.Mutex
-	keepers   map[time.Duration]*keeper
 }
 
 // Options tune a Store; the zero value is usable.
