@@ -56,7 +56,7 @@ test: lint build
 	scripts/with-services.sh $(MAKE) --no-print-directory test-go test-faults test-python fuzz
 
 test-go:
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 25m ./...
 
 # The fault suite (faults/): the whole system on a Postgres cluster and a dockerd of its own,
 # faults from a seeded schedule (HERMES_FAULT_SEED replays one), invariants checked after.

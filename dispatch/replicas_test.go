@@ -120,14 +120,82 @@ func countJobs(t *testing.T, db *pgxpool.Pool, status string) int {
 	return n
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
+func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	if !within(limit, ok) {
+		t.Fatalf("timed out after %s waiting for %s", limit, what)
+	}
+}
+
+// whileProgressing polls count until it reaches target (true), or returns false once it has
+// not grown for stall.
+func whileProgressing(stall time.Duration, count func() int, target int) bool {
+	last, lastAt := count(), time.Now()
+	for last < target {
+		time.Sleep(200 * time.Millisecond)
+		if n := count(); n > last {
+			last, lastAt = n, time.Now()
+		} else if time.Since(lastAt) > stall {
+			return false
+		}
+	}
+	return true
+}
+
+// within polls ok until it holds (true) or limit passes (false).
+func within(limit time.Duration, ok func() bool) bool {
+	deadline := time.Now().Add(limit)
 	for !ok() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	return true
+}
+
+// dumpUnfinished logs what a stuck run leaves to read: the backend's jobs not completed
+// with their last events, the host's leases and unfinished attempts, and every line of the
+// replicas' logs that is not a routine job line.
+func dumpUnfinished(t *testing.T, backendDB, db *pgxpool.Pool, replicas ...*replica) {
+	t.Helper()
+	ctx := context.Background()
+	query := func(pool *pgxpool.Pool, title, sql string) {
+		rows, err := pool.Query(ctx, sql)
+		if err != nil {
+			t.Logf("%s: %v", title, err)
+			return
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Logf("%s: %v", title, err)
+				return
+			}
+			out = append(out, fmt.Sprint(vals...))
+		}
+		t.Logf("%s (%d):\n%s", title, len(out), strings.Join(out, "\n"))
+	}
+	query(backendDB, "backend jobs not completed", `
+SELECT j.id::text, ' ', j.organization_id, ' ', j.status, ' attempt ', j.attempt, ' claimed ', coalesce(j.claimed_at::text, '-'),
+       ' heartbeat ', coalesce(j.last_heartbeat_at::text, '-'), ' now ', now()::text,
+       ' events ', coalesce((SELECT string_agg(e.kind || '@' || e.attempt, ',' ORDER BY e.id) FROM agent_job_events e WHERE e.job_id = j.id), '')
+  FROM agent_jobs j WHERE j.status <> 'COMPLETED' ORDER BY j.organization_id, j.created_at`)
+	query(db, "leases held", `SELECT key, ' ', coalesce(holder, '-'), ' epoch ', epoch, ' expires ', coalesce(expires_at::text, '-'), ' now ', now()::text
+  FROM leases WHERE holder IS NOT NULL ORDER BY key`)
+	query(db, "claim_attempts without an outcome", `SELECT job_id::text, ' ', org, ' attempt ', attempt, ' ', instance, ' claimed ', claimed_at::text FROM claim_attempts WHERE outcome IS NULL ORDER BY org`)
+	for _, r := range replicas {
+		raw, _ := os.ReadFile(r.log)
+		var keep []string
+		for _, line := range strings.Split(string(raw), "\n") {
+			if line != "" && !strings.Contains(line, `"msg":"exec ended"`) && !strings.Contains(line, `"msg":"job outcome"`) &&
+				!strings.Contains(line, `"msg":"jobs started"`) && !strings.Contains(line, "proxy error: context canceled") {
+				keep = append(keep, line)
+			}
+		}
+		t.Logf("%s's other log lines (%d, the last 80):\n%s", r.name, len(keep), strings.Join(keep[max(0, len(keep)-80):], "\n"))
 	}
 }
 
@@ -230,11 +298,14 @@ SELECT count(*) FROM runs x JOIN runs y ON x.org = y.org AND x.id < y.id AND y.c
 
 func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	if testing.Short() {
-		t.Skip("200 jobs through two dispatcher processes")
+		t.Skip("124 jobs through two dispatcher processes")
 	}
 	b := backendtest.Start(t, backend.Config{StaleAfter: 3 * time.Second})
 	b.Clock.Follow()
-	const orgs, perOrg = 20, 10
+	// 20 orgs for 2 x MAX_ORGS=12: the replicas contend for orgs. Progress, not a fixed time,
+	// bounds each wait: under the full race-enabled run on two cores a job can take 10 s, but a
+	// minute without one job completing is a stall, whose state the failure prints.
+	const orgs, perOrg, stall = 20, 6, time.Minute
 	for i := range orgs {
 		for j := range perOrg {
 			typ := sartiq.TypeProductIngest
@@ -252,7 +323,11 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	c := startReplica(t, env, "replica-b")
 
 	// Mid-run, kill the replica that owns more orgs: the other must take them over.
-	waitFor(t, 3*time.Minute, "a quarter of the jobs to complete", func() bool { return countJobs(t, b.DB, sartiq.StatusCompleted) >= total/4 })
+	completed := func() int { return countJobs(t, b.DB, sartiq.StatusCompleted) }
+	if !whileProgressing(stall, completed, total/4) {
+		dumpUnfinished(t, b.DB, db, a, c)
+		t.Fatalf("no job completed for %s before a quarter of them had (%d of %d)", stall, completed(), total)
+	}
 	owners := ownersOf(t, db)
 	victim, survivor := a, c
 	if len(owners[holderOf(owners, c.name)]) > len(owners[holderOf(owners, a.name)]) {
@@ -267,9 +342,12 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	}
 	<-victim.done
 	victim.done <- nil
-	killedAt := countJobs(t, b.DB, sartiq.StatusCompleted)
+	killedAt := completed()
 
-	waitFor(t, 5*time.Minute, "every job to complete", func() bool { return countJobs(t, b.DB, sartiq.StatusCompleted) == total })
+	if !whileProgressing(stall, completed, total) {
+		dumpUnfinished(t, b.DB, db, a, c)
+		t.Fatalf("no job completed for %s before every one had (%d of %d)", stall, completed(), total)
+	}
 	survivor.stop(t, 30*time.Second)
 
 	checkOneRunPerOrg(t, b.DB)

@@ -57,10 +57,13 @@ func runSuite(m *testing.M) int {
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	suite.engineErr = openEngine(ctx)
+	cancel()
 	code := m.Run()
 	if suite.engine != nil {
+		// A deadline of its own: the tests themselves may have taken minutes.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
 		if err := removeLeftovers(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
