@@ -76,6 +76,17 @@ func startReplica(t *testing.T, e replicaEnv, name string) *replica {
 	return r
 }
 
+// exited says whether the process has ended (and leaves that for stop and the cleanup).
+func (r *replica) exited() bool {
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return true
+	default:
+		return false
+	}
+}
+
 // stop sends SIGTERM and waits for a clean exit.
 func (r *replica) stop(t *testing.T, within time.Duration) {
 	t.Helper()
@@ -187,6 +198,7 @@ SELECT j.id::text, ' ', j.organization_id, ' ', j.status, ' attempt ', j.attempt
   FROM leases WHERE holder IS NOT NULL ORDER BY key`)
 	query(db, "claim_attempts without an outcome", `SELECT job_id::text, ' ', org, ' attempt ', attempt, ' ', instance, ' claimed ', claimed_at::text FROM claim_attempts WHERE outcome IS NULL ORDER BY org`)
 	for _, r := range replicas {
+		t.Logf("%s has exited: %v", r.name, r.exited())
 		raw, _ := os.ReadFile(r.log)
 		var keep []string
 		for _, line := range strings.Split(string(raw), "\n") {
@@ -302,9 +314,11 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	}
 	b := backendtest.Start(t, backend.Config{StaleAfter: 3 * time.Second})
 	b.Clock.Follow()
-	// 20 orgs for 2 x MAX_ORGS=12: the replicas contend for orgs. MAX_ATTEMPTS=10: under the
-	// full run's load a 2 s lease can lapse and end a run as a crash, which is counted; the
-	// default cap of 3 could then fail a job the kill also hit, and this test is of takeover. Progress, not a fixed time,
+	// 20 orgs for 2 x MAX_ORGS=12: the replicas contend for orgs. LEASE_TTL=5s: under the full
+	// race-enabled run a refresh of 2 s leases could miss, and a replica whose instance: lease
+	// lapsed stops itself (as it must), leaving the test nothing to take over with once it
+	// killed the other. MAX_ATTEMPTS=10: a lapsed home: lease ends a run as a crash, which is
+	// counted; the default cap of 3 could then fail a job the kill also hit. Progress, not a fixed time,
 	// bounds each wait: under the full race-enabled run on two cores a job can take 10 s, but a
 	// minute without one job completing is a stall, whose state the failure prints.
 	const orgs, perOrg, stall = 20, 6, time.Minute
@@ -320,7 +334,7 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	total := orgs*perOrg + 2*len(backend.DemoOrganizations)
 	dbURL, db := pgtest.Schema(t)
 	env := replicaEnv{dbURL: dbURL, apiURL: b.URL, gatewayURL: hosttest.DemoGateway(t, "gw-secret", "host-key"),
-		orgsRoot: filepath.Join(t.TempDir(), "orgs"), extra: []string{"MAX_ORGS=12", "MAX_ATTEMPTS=10"}}
+		orgsRoot: filepath.Join(t.TempDir(), "orgs"), extra: []string{"MAX_ORGS=12", "MAX_ATTEMPTS=10", "LEASE_TTL=5s"}}
 	a := startReplica(t, env, "replica-a")
 	c := startReplica(t, env, "replica-b")
 
@@ -329,6 +343,12 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	if !whileProgressing(stall, completed, total/4) {
 		dumpUnfinished(t, b.DB, db, a, c)
 		t.Fatalf("no job completed for %s before a quarter of them had (%d of %d)", stall, completed(), total)
+	}
+	for _, r := range []*replica{a, c} {
+		if r.exited() {
+			dumpUnfinished(t, b.DB, db, a, c)
+			t.Fatalf("%s stopped on its own before the kill (its log's last lines say why)", r.name)
+		}
 	}
 	owners := ownersOf(t, db)
 	victim, survivor := a, c
