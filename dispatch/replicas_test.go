@@ -131,10 +131,14 @@ func countJobs(t *testing.T, db *pgxpool.Pool, status string) int {
 	return n
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
+func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 	t.Helper()
-	if !within(limit, ok) {
-		t.Fatalf("timed out after %s waiting for %s", limit, what)
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -149,18 +153,6 @@ func whileProgressing(stall time.Duration, count func() int, target int) bool {
 		} else if time.Since(lastAt) > stall {
 			return false
 		}
-	}
-	return true
-}
-
-// within polls ok until it holds (true) or limit passes (false).
-func within(limit time.Duration, ok func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	return true
 }
@@ -314,13 +306,14 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	}
 	b := backendtest.Start(t, backend.Config{StaleAfter: 3 * time.Second})
 	b.Clock.Follow()
-	// 20 orgs for 2 x MAX_ORGS=12: the replicas contend for orgs. LEASE_TTL=5s: under the full
-	// race-enabled run a refresh of 2 s leases could miss, and a replica whose instance: lease
-	// lapsed stops itself (as it must), leaving the test nothing to take over with once it
-	// killed the other. MAX_ATTEMPTS=10: a lapsed home: lease ends a run as a crash, which is
-	// counted; the default cap of 3 could then fail a job the kill also hit. Progress, not a fixed time,
-	// bounds each wait: under the full race-enabled run on two cores a job can take 10 s, but a
-	// minute without one job completing is a stall, whose state the failure prints.
+	// 20 orgs for 2 x MAX_ORGS=12: the replicas contend for orgs. Under the full race-enabled
+	// run on two cores a job can take 10 s and a refresh of 2 s leases can miss:
+	//   - LEASE_TTL=5s, as a replica whose instance: lease lapsed stops itself (as it must),
+	//     which would leave nobody to take over once the test killed the other;
+	//   - MAX_ATTEMPTS=10, as a lapsed home: lease ends a run as a crash, which is counted, and
+	//     the default cap of 3 could fail a job the kill also hit;
+	//   - progress, not a fixed time, bounds each wait: a minute without a job ending is a
+	//     stall, and the failure prints the state it left.
 	const orgs, perOrg, stall = 20, 6, time.Minute
 	for i := range orgs {
 		for j := range perOrg {
@@ -339,15 +332,18 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	c := startReplica(t, env, "replica-b")
 
 	// Mid-run, kill the replica that owns more orgs: the other must take them over.
+	fail := func(format string, args ...any) {
+		t.Helper()
+		dumpUnfinished(t, b.DB, db, a, c)
+		t.Fatalf(format, args...)
+	}
 	completed := func() int { return countJobs(t, b.DB, sartiq.StatusCompleted) }
 	if !whileProgressing(stall, completed, total/4) {
-		dumpUnfinished(t, b.DB, db, a, c)
-		t.Fatalf("no job completed for %s before a quarter of them had (%d of %d)", stall, completed(), total)
+		fail("no job completed for %s before a quarter of them had (%d of %d)", stall, completed(), total)
 	}
 	for _, r := range []*replica{a, c} {
 		if r.exited() {
-			dumpUnfinished(t, b.DB, db, a, c)
-			t.Fatalf("%s stopped on its own before the kill (its log's last lines say why)", r.name)
+			fail("%s stopped on its own before the kill (its log's last lines say why)", r.name)
 		}
 	}
 	owners := ownersOf(t, db)
@@ -369,12 +365,10 @@ func TestTwoReplicasRunEveryJobOnceAndTakeOverFromAKilledOne(t *testing.T) {
 	// A job failed at the attempt cap has ended too: waiting on it would only stall.
 	ended := func() int { return completed() + countJobs(t, b.DB, sartiq.StatusFailed) }
 	if !whileProgressing(stall, ended, total) {
-		dumpUnfinished(t, b.DB, db, a, c)
-		t.Fatalf("no job ended for %s before every one had (%d of %d completed, %d ended)", stall, completed(), total, ended())
+		fail("no job ended for %s before every one had (%d of %d completed, %d ended)", stall, completed(), total, ended())
 	}
 	if n := completed(); n != total {
-		dumpUnfinished(t, b.DB, db, a, c)
-		t.Fatalf("%d of %d jobs completed; the others failed (MAX_ATTEMPTS=10: no job of this run should reach it)", n, total)
+		fail("%d of %d jobs completed; the others failed (MAX_ATTEMPTS=10: no job of this run should reach it)", n, total)
 	}
 	survivor.stop(t, 30*time.Second)
 
