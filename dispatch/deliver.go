@@ -266,6 +266,10 @@ func (d *Dispatcher) run(ctx context.Context, dl *delivery, c *sartiq.Claim, kep
 	if status == "" {
 		status = "crashed"
 	}
+	if status == "unreported" && out.Meant != "" {
+		// The run ended, but its end did not reach the backend.
+		return d.settle(c, out, log)
+	}
 	if st.OutOfMemory {
 		// The kernel killed the worker, or its agent, for passing the org's memory limit:
 		// the attempt ends with that reason. Unless the worker had settled the job with the

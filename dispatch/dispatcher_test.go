@@ -84,10 +84,17 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 		WorkerEnv: []string{"HERMES_BIN=scripted-agent", "HEARTBEAT_INTERVAL=200ms"},
 		Log:       slog.New(slog.NewJSONHandler(logs, nil)),
 	}}
-	// Sandboxed (where bubblewrap works), the units are off the host's network and reach
-	// the fixture's services through their sockets, as a product's do.
+	f.useProcess(t)
+	return f
+}
+
+// useProcess gives the fixture a process runtime whose units reach f.services. Sandboxed
+// (where bubblewrap works), the units are off the host's network and reach the fixture's
+// services through their sockets, as a product's do.
+func (f *fixture) useProcess(t *testing.T) {
+	t.Helper()
 	rt, err := runtime.NewProcess(runtime.Config{
-		Instance: "dispatch-test", OrgsRoot: filepath.Join(root, "orgs"), WorkspacesRoot: filepath.Join(root, "workspaces"),
+		Instance: "dispatch-test", OrgsRoot: f.cfg.OrgsRoot, WorkspacesRoot: filepath.Join(filepath.Dir(f.cfg.OrgsRoot), "workspaces"),
 		WorkerIdle: []string{"hermes-host", "worker", "idle"}, BinDir: binDir, Output: io.Discard,
 		Logger: slog.New(slog.DiscardHandler), Services: f.services(t),
 	})
@@ -96,7 +103,6 @@ func newFixture(t *testing.T, gatewayUp bool) *fixture {
 	}
 	t.Cleanup(func() { rt.Close() })
 	f.cfg.Runtime = rt
-	return f
 }
 
 // services are what the fixture's units reach of the host, as a dispatcher serves them

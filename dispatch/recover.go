@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"hermeshost/sartiq"
+	"hermeshost/worker"
 )
 
 // CrashedAttempts counts, from a job's event log in the backend, the runs that ended in a
@@ -159,6 +161,91 @@ func (d *Dispatcher) endCrashed(c *sartiq.Claim, reason string, log *slog.Logger
 	return sartiq.StatusQueued, reason
 }
 
+// endOf is how the job's log says attempt ended (completed, failed or released), "" when
+// it says no end.
+func endOf(events []sartiq.Event, attempt int) string {
+	end := ""
+	for _, e := range events {
+		if e.Attempt != attempt {
+			continue
+		}
+		switch e.Kind {
+		case sartiq.EventComplete:
+			end = "completed"
+		case sartiq.EventFail:
+			end = "failed"
+		case sartiq.EventRelease:
+			end = "released"
+		}
+	}
+	return end
+}
+
+// settleFor is how long a dispatcher tries to settle a run whose worker's terminal call did
+// not land (settle).
+const settleFor = 30 * time.Second
+
+// settle ends a run whose worker could not make its terminal call (the backend, or its
+// database, was down past the worker's retries), with the job token the dispatcher still
+// holds: the job's log is read first, as the worker's call may have landed with its answer
+// lost; then the call is made again, while the backend fails on the way or with a 5xx. The
+// run ends as the backend has it: a run it cannot be brought to take is a crash (deliver
+// then ends it with endCrashed, or leaves it to go stale), so the host never records an
+// end the backend does not have.
+func (d *Dispatcher) settle(c *sartiq.Claim, out worker.Outcome, log *slog.Logger) (outcome, reason string, result []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), settleFor)
+	defer cancel()
+	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
+	if err != nil {
+		return "crashed", err.Error(), nil
+	}
+	call := func() error {
+		var err error
+		switch out.Meant {
+		case "completed":
+			_, err = api.Complete(ctx, c.Job.ID, out.Result)
+		case "failed":
+			_, err = api.Fail(ctx, c.Job.ID, out.Reason)
+		case "released":
+			_, err = api.Release(ctx, c.Job.ID, out.Reason)
+		default:
+			err = fmt.Errorf("the worker meant %q, which no terminal call ends a job as", out.Meant)
+		}
+		return err
+	}
+	last, refused := errors.New(out.ReportError), false
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		events, err := d.cfg.Bot.ListEvents(ctx, c.Job.ID)
+		if err == nil {
+			if end := endOf(events, c.Job.Attempt); end != "" {
+				log.Info("the worker's terminal call had landed", "outcome", end, "worker_error", out.ReportError)
+				return end, out.Reason, out.Result
+			}
+			if refused {
+				break // refused, and the log shows no end: no call of this run landed
+			}
+			if err = call(); err == nil {
+				log.Warn("the worker's terminal call failed; the dispatcher made it", "outcome", out.Meant, "worker_error", out.ReportError)
+				return out.Meant, out.Reason, out.Result
+			}
+			if refused = !sartiq.IsTransient(err); refused {
+				// The token is void, say: the log is read once more, as an earlier call
+				// (the worker's) may have landed with its answer lost.
+				last = err
+				continue
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			continue
+		}
+		break
+	}
+	return "crashed", clip(fmt.Sprintf("the run ended %s but the backend did not take it: %v", out.Meant, last), 1000), nil
+}
+
 // clip is s cut to at most n bytes, as valid UTF-8.
 func clip(s string, n int) string {
 	if len(s) > n {
@@ -231,19 +318,11 @@ func (d *Dispatcher) reconcile(ctx context.Context, org string, active []sartiq.
 		if err != nil {
 			return fmt.Errorf("reconcile job %s: %w", r.job, err)
 		}
-		outcome, status := "lost", ""
-		for _, e := range events {
-			if e.Attempt != r.attempt {
-				continue
-			}
-			switch e.Kind {
-			case sartiq.EventComplete:
-				outcome, status = "completed", sartiq.StatusCompleted
-			case sartiq.EventFail:
-				outcome, status = "failed", sartiq.StatusFailed
-			case sartiq.EventRelease:
-				outcome, status = "released", sartiq.StatusQueued
-			}
+		outcome, status := endOf(events, r.attempt), ""
+		if outcome == "" {
+			outcome = "lost"
+		} else {
+			status = mirrorStatus(outcome)
 		}
 		reason := "recorded from the backend's job log by " + d.holder + ": the dispatcher that ran it stopped first"
 		if err := pgx.BeginFunc(ctx, d.cfg.DB, func(tx pgx.Tx) error {

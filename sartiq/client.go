@@ -146,6 +146,24 @@ func IsTokenRevoked(err error) bool {
 	return errors.As(err, &ae) && ae.Code == "token_revoked"
 }
 
+// IsTransient: the call may go through if made again: the server answered 5xx or 429, or
+// did not answer (the connection failed or broke). A terminal call (complete, fail,
+// release) may be made again after one: the first that lands revokes the job token, so
+// none is applied twice; a repeat refused as token_revoked leaves open whether the first
+// landed, which the job's event log says.
+func IsTransient(err error) bool {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Status >= 500 || ae.Status == http.StatusTooManyRequests
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ue *url.Error
+	var ne net.Error
+	return errors.As(err, &ue) || errors.As(err, &ne)
+}
+
 // repeat says when a request may be sent again.
 type repeat bool
 

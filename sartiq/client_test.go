@@ -197,6 +197,10 @@ func TestRetriesOnlyWhereSafe(t *testing.T) {
 			if (err == nil) != tc.ok || f.seen.Load() != tc.want {
 				t.Fatalf("err %v after %d requests; want ok=%v after %d", err, f.seen.Load(), tc.ok, tc.want)
 			}
+			// What a caller may make again itself: a 5xx, never a 4xx.
+			if err != nil && sartiq.IsTransient(err) != (tc.code >= 500) {
+				t.Errorf("IsTransient(%v) = %v", err, sartiq.IsTransient(err))
+			}
 		})
 	}
 }
@@ -239,6 +243,19 @@ func TestContextDeadlineEndsTheCall(t *testing.T) {
 	_, err := newClient(t, srv.URL, "tok").ListJobs(ctx, sartiq.ListJobsParams{})
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), "listAgentJobs: ") {
 		t.Fatalf("got %v", err)
+	}
+	if sartiq.IsTransient(err) {
+		t.Errorf("IsTransient(%v): the caller's own deadline ended it", err)
+	}
+}
+
+// A server that is not there is a transient failure: the call may go through later.
+func TestNoServerIsTransient(t *testing.T) {
+	srv := httptest.NewServer(okJSON(`{}`))
+	srv.Close()
+	_, err := newClient(t, srv.URL, "tok").Complete(t.Context(), "x", map[string]any{})
+	if err == nil || !sartiq.IsTransient(err) {
+		t.Fatalf("IsTransient(%v) = false", err)
 	}
 }
 

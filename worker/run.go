@@ -81,6 +81,11 @@ type Outcome struct {
 	Status string          `json:"status"` // completed, failed, released, taken_away, crashed, unreported
 	Reason string          `json:"reason,omitempty"`
 	Result json.RawMessage `json:"result,omitempty"`
+	// Meant is the status the run ended with when its terminal call to the backend failed
+	// (Status is then unreported, ReportError why); Reason and Result are still the run's.
+	// Empty when nothing was meant to be reported (REPORT_ENABLED=false).
+	Meant       string `json:"meant,omitempty"`
+	ReportError string `json:"report_error,omitempty"`
 	// SkillsDisabled are the authored skills the cap disabled before this job's agent starts.
 	SkillsDisabled []string `json:"skills_disabled,omitempty"`
 	// FileWriteErrors are this run's failed file writes (its checkpoint, the home's files)
@@ -109,6 +114,7 @@ type runner struct {
 	ws          string
 	check       *Checkpoint
 	bundled     *orghome.Bundled
+	repeated    bool // a terminal call was made again (terminal)
 	emitMu      sync.Mutex
 	accepts     int
 	total       int      // the manifest's categories, once read: progress events state it
@@ -155,17 +161,47 @@ func (r *runner) emit(kind string, data any) {
 // release puts the job back in the queue, even when ctx has ended.
 func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
 	r.cfg.Log.Warn("releasing job", "job", r.job.ID, "reason", reason)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
-	defer cancel()
-	_, err := r.api.Release(ctx, r.job.ID, reason)
-	if sartiq.IsConflict(err) {
+	err := r.terminal(ctx, "release", func(ctx context.Context) error {
+		_, err := r.api.Release(ctx, r.job.ID, reason)
+		return err
+	})
+	if sartiq.IsConflict(err) && !r.repeated {
 		// The token is no longer the job's: it was re-claimed meanwhile.
 		return Outcome{Status: "taken_away", Reason: err.Error()}, nil
 	}
 	if err != nil {
-		return Outcome{Status: "released", Reason: reason}, fmt.Errorf("release job %s: %w", r.job.ID, err)
+		return unreported(Outcome{Status: "released", Reason: reason}, err), fmt.Errorf("release job %s: %w", r.job.ID, err)
 	}
 	return Outcome{Status: "released", Reason: reason}, nil
+}
+
+// terminal makes a terminal call (complete, fail, release), again while it fails on the
+// way or with a 5xx (sartiq.IsTransient), for up to reportTimeout, even when ctx has ended:
+// a backend restarting must not lose a job's end. A repeat is safe, as the first call that
+// lands revokes the token; r.repeated says one was made, so a refusal may answer it.
+func (r *runner) terminal(ctx context.Context, what string, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancel()
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		err := call(ctx)
+		if err == nil || !sartiq.IsTransient(err) {
+			return err
+		}
+		r.cfg.Log.Warn("report "+what+": trying again", "job", r.job.ID, "err", err, "in", wait.String())
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+			r.repeated = true
+		}
+	}
+}
+
+// unreported is out, meant for the backend, as its terminal call did not land (or may not
+// have): the dispatcher, which holds the job's token too, settles it from the job's log.
+func unreported(out Outcome, err error) Outcome {
+	out.Meant, out.Status, out.ReportError = out.Status, "unreported", err.Error()
+	return out
 }
 
 // ErrSignalled is the cause of a run ended by a signal its dispatcher did not send (see
@@ -533,17 +569,19 @@ func (r *runner) finish(ctx context.Context, out Outcome) (Outcome, error) {
 		out.Status = "unreported"
 		return out, nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
-	defer cancel()
-	var err error
-	switch out.Status {
-	case "completed":
-		_, err = r.api.Complete(ctx, r.job.ID, out.Result)
-	case "failed":
-		_, err = r.api.Fail(ctx, r.job.ID, out.Reason)
-	}
+	err := r.terminal(ctx, out.Status, func(ctx context.Context) error {
+		var err error
+		switch out.Status {
+		case "completed":
+			_, err = r.api.Complete(ctx, r.job.ID, out.Result)
+		case "failed":
+			_, err = r.api.Fail(ctx, r.job.ID, out.Reason)
+		}
+		return err
+	})
 	if err != nil {
-		return out, fmt.Errorf("report %s of job %s: %w", out.Status, r.job.ID, err)
+		err = fmt.Errorf("report %s of job %s: %w", out.Status, r.job.ID, err)
+		return unreported(out, err), err
 	}
 	r.cfg.Log.Info("job finished", "job", r.job.ID, "status", out.Status, "reason", out.Reason)
 	return out, nil

@@ -7,6 +7,10 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -139,4 +143,45 @@ func (b *Backend) AddJob(t testing.TB, org, typ string) string {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// Fault is what a Front does with one call.
+type Fault int
+
+const (
+	// Pass passes the call on to the backend and its answer back.
+	Pass Fault = iota
+	// Refuse answers 503 and passes nothing on: a backend whose database is restarting.
+	Refuse
+	// LoseAnswer passes the call on, then answers 502 whatever the backend said: the call
+	// landed, its answer was lost on the way back.
+	LoseAnswer
+)
+
+// Front serves the backend at a URL of its own, doing with each call what fault says of
+// it; the test's clients (or the host's, given this URL as the API's) go through it.
+func (b *Backend) Front(t testing.TB, fault func(*http.Request) Fault) string {
+	t.Helper()
+	target, err := url.Parse(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch fault(r) {
+		case Refuse:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":"unavailable","message":"backendtest: refused by the test's front"}`)
+		case LoseAnswer:
+			proxy.ServeHTTP(httptest.NewRecorder(), r)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			_, _ = io.WriteString(w, `{"error":"bad_gateway","message":"backendtest: the answer was lost by the test's front"}`)
+		default:
+			proxy.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

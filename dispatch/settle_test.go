@@ -1,0 +1,82 @@
+package dispatch_test
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"hermeshost/sartiq"
+	"hermeshost/sartiq/backend"
+	"hermeshost/sartiq/backend/backendtest"
+)
+
+// A run whose end did not reach the backend through its worker (the backend's database
+// restarting past the worker's retries, or the answer lost on the way back) is settled by
+// the dispatcher, which holds the job token too: each demo job ends completed at its first
+// attempt, recorded completed once, with no crash and no re-claim.
+func TestTheDispatcherSettlesARunWhoseCompletionDidNotReachTheBackend(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// fault is what the backend's front does with a call to complete, the first of
+		// them made at first.
+		fault func(first time.Time) backendtest.Fault
+		log   string // what the dispatcher logs of each job it settled
+	}{
+		{"refused past the worker's retries", func(first time.Time) backendtest.Fault {
+			// Longer than run-job tries (10 s); the dispatcher tries for 30.
+			if time.Since(first) < 12*time.Second {
+				return backendtest.Refuse
+			}
+			return backendtest.Pass
+		}, "the worker's terminal call failed; the dispatcher made it"},
+		{"landed, its answer lost", func(time.Time) backendtest.Fault { return backendtest.LoseAnswer },
+			"the worker's terminal call had landed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, true)
+			f.cfg.ClaimEnabled = true
+			var mu sync.Mutex
+			var first time.Time
+			f.cfg.APIURL = f.backend.Front(t, func(r *http.Request) backendtest.Fault {
+				if !strings.HasSuffix(r.URL.Path, "/complete") {
+					return backendtest.Pass
+				}
+				mu.Lock()
+				if first.IsZero() {
+					first = time.Now()
+				}
+				at := first
+				mu.Unlock()
+				return tc.fault(at)
+			})
+			// The bot's calls and the units' go through the front too (the backend names
+			// its manifests at the address it was called at).
+			bot, err := sartiq.New(f.cfg.APIURL, backendtest.BotToken)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.cfg.Bot = bot
+			f.useProcess(t)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("the dispatcher's log:\n%s", f.logs.String())
+				}
+			})
+			cycleUntilDone(t, f, f.dispatcher(t), 3*time.Minute)
+			checkDemoJobsDone(t, f, 4, 0)
+			for _, org := range backend.DemoOrganizations {
+				for _, typ := range []string{sartiq.TypeProductIngest, sartiq.TypeGuidelinesExtraction} {
+					job := f.backend.DemoJob(t, org, typ)
+					if got := strings.Join(runKinds(t, f, job), " "); got != "claim@1 complete@1" {
+						t.Errorf("job %s's runs at the backend: %s, want claim@1 complete@1", job, got)
+					}
+				}
+			}
+			if n := strings.Count(f.logs.String(), tc.log); n == 0 {
+				t.Errorf("no job was settled by the dispatcher (%q):\n%s", tc.log, f.logs.String())
+			}
+		})
+	}
+}
