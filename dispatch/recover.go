@@ -193,7 +193,8 @@ const settleFor = 30 * time.Second
 // then ends it with endCrashed, or leaves it to go stale), so the host never records an
 // end the backend does not have.
 func (d *Dispatcher) settle(c *sartiq.Claim, out worker.Outcome, log *slog.Logger) (outcome, reason string, result []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), settleFor)
+	// A hard stop ends it: the attempt is then left to go stale, as every run is then.
+	ctx, cancel := context.WithTimeout(d.hard, settleFor)
 	defer cancel()
 	api, err := sartiq.New(d.cfg.APIURL, c.JobToken)
 	if err != nil {
