@@ -91,8 +91,61 @@ func seedOf(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
+// recT is the suite's *testing.T, keeping each failure's message: a failed run ends by
+// saying them again, after the processes' last lines, where a log cut to its end (CI's)
+// still shows them.
+type recT struct {
+	*testing.T
+	mu       sync.Mutex
+	failures []string
+}
+
+func (r *recT) keep(msg string) {
+	if len(msg) > 1500 {
+		msg = msg[:1500] + " [...]"
+	}
+	r.mu.Lock()
+	r.failures = append(r.failures, msg)
+	r.mu.Unlock()
+}
+
+func (r *recT) Errorf(format string, args ...any) {
+	r.Helper()
+	r.keep(fmt.Sprintf(format, args...))
+	r.T.Errorf(format, args...)
+}
+
+func (r *recT) Error(args ...any) {
+	r.Helper()
+	r.keep(fmt.Sprint(args...))
+	r.T.Error(args...)
+}
+
+func (r *recT) Fatalf(format string, args ...any) {
+	r.Helper()
+	r.keep(fmt.Sprintf(format, args...))
+	r.T.Fatalf(format, args...)
+}
+
+func (r *recT) Fatal(args ...any) {
+	r.Helper()
+	r.keep(fmt.Sprint(args...))
+	r.T.Fatal(args...)
+}
+
+// sayFailures logs, once the test has failed, every failure it kept, in order, after what
+// (how to replay the run).
+func (r *recT) sayFailures(what string) {
+	if !r.Failed() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Logf("%s failed (%s); its %d failures, again:\n- %s", r.Name(), what, len(r.failures), strings.Join(r.failures, "\n- "))
+}
+
 type suite struct {
-	t         *testing.T
+	t         *recT
 	seed      uint64
 	root      string // everything of the run is below it
 	bins      string
@@ -153,8 +206,12 @@ func TestFaults(t *testing.T) {
 		t.Logf("planned: %s", p)
 	}
 
-	s := &suite{t: t, seed: seed, procs: map[string]*proc{}, killedDash: map[string]bool{},
+	s := &suite{t: &recT{T: t}, seed: seed, procs: map[string]*proc{}, killedDash: map[string]bool{},
 		workRand: rand.New(rand.NewPCG(seed, 1))}
+	// Registered before setUp's, so it runs after them: the failures come last.
+	t.Cleanup(func() {
+		s.t.sayFailures(fmt.Sprintf("seed %d; replay with HERMES_FAULT_SEED=%d make test-faults", seed, seed))
+	})
 	s.setUp(2)
 
 	s.started = time.Now()
@@ -189,7 +246,7 @@ func TestFaults(t *testing.T) {
 	lastFault := time.Now()
 	for _, org := range orgs {
 		if err := s.addJob(org); err != nil {
-			t.Errorf("queue a job for %s after the faults: %v", org, err)
+			s.t.Errorf("queue a job for %s after the faults: %v", org, err)
 		}
 	}
 	s.logf("faults done; letting every job end")
@@ -209,7 +266,7 @@ func TestFaults(t *testing.T) {
 		s.saveArtifacts(st, vs)
 	}
 	if len(vs) > 0 {
-		t.Errorf("%d invariant violations (seed %d; replay with HERMES_FAULT_SEED=%d make test-faults):\n%s", len(vs), seed, seed, Report(vs))
+		s.t.Errorf("%d invariant violations (seed %d; replay with HERMES_FAULT_SEED=%d make test-faults):\n%s", len(vs), seed, seed, Report(vs))
 	}
 }
 
@@ -1260,7 +1317,8 @@ func TestARestartedDispatcherRunsTheJobsOfTheWorkersItAdopts(t *testing.T) {
 	if end, ok := t.Deadline(); ok && time.Until(end) < 5*time.Minute {
 		t.Fatalf("%s is left before the test's deadline (go test -timeout): too little to run and clean up", time.Until(end).Round(time.Second))
 	}
-	s := &suite{t: t, procs: map[string]*proc{}, killedDash: map[string]bool{}, workRand: rand.New(rand.NewPCG(1, 1))}
+	s := &suite{t: &recT{T: t}, procs: map[string]*proc{}, killedDash: map[string]bool{}, workRand: rand.New(rand.NewPCG(1, 1))}
+	t.Cleanup(func() { s.t.sayFailures("no faults drawn: it runs alike each time") })
 	s.setUp(1)
 	s.started = time.Now()
 	ctx := context.Background()

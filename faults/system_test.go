@@ -30,7 +30,7 @@ import (
 
 // freePort is a loopback port nobody listened on a moment ago: the suite's servers keep
 // their port across restarts, as their clients' URLs are fixed.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -41,7 +41,7 @@ func freePort(t *testing.T) int {
 }
 
 // run runs a command to its end and fails the test with its output on an error.
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -57,7 +57,7 @@ type pgCluster struct {
 	port     int
 }
 
-func startPostgres(t *testing.T, root string) *pgCluster {
+func startPostgres(t testing.TB, root string) *pgCluster {
 	t.Helper()
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
 	if len(bins) == 0 {
@@ -85,7 +85,7 @@ func (c *pgCluster) url() string {
 	return fmt.Sprintf("postgres://hermes:hermes@127.0.0.1:%d/hermes?sslmode=disable", c.port)
 }
 
-func (c *pgCluster) start(t *testing.T) {
+func (c *pgCluster) start(t testing.TB) {
 	t.Helper()
 	run(t, "runuser", "-u", "postgres", "--", filepath.Join(c.bin, "pg_ctl"), "-D", c.dir, "-l", filepath.Join(c.dir, "server.log"),
 		"-w", "-t", "60", "-o", fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200", c.port, c.dir), "start")
@@ -93,12 +93,12 @@ func (c *pgCluster) start(t *testing.T) {
 
 // crash stops the cluster as a power cut would (immediate mode: no checkpoint, recovery
 // at the next start).
-func (c *pgCluster) crash(t *testing.T) {
+func (c *pgCluster) crash(t testing.TB) {
 	t.Helper()
 	run(t, "runuser", "-u", "postgres", "--", filepath.Join(c.bin, "pg_ctl"), "-D", c.dir, "-m", "immediate", "-w", "stop")
 }
 
-func (c *pgCluster) psql(t *testing.T, sql string) {
+func (c *pgCluster) psql(t testing.TB, sql string) {
 	t.Helper()
 	run(t, "runuser", "-u", "postgres", "--", filepath.Join(c.bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
 		"-h", c.dir, "-p", strconv.Itoa(c.port), "-d", "postgres", "-c", sql)
@@ -115,7 +115,7 @@ type dockerd struct {
 	done      chan struct{}
 }
 
-func startDockerd(t *testing.T, root string) *dockerd {
+func startDockerd(t testing.TB, root string) *dockerd {
 	t.Helper()
 	if _, err := exec.LookPath("dockerd"); err != nil {
 		t.Fatal("no dockerd (apt-get install docker.io): ", err)
@@ -203,7 +203,7 @@ func (d *dockerd) stop() error {
 
 // remove removes every container, network and image of the engine, stops it and unmounts
 // whatever it left mounted under its folder.
-func (d *dockerd) remove(t *testing.T) {
+func (d *dockerd) remove(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if d.cmd != nil {
@@ -274,7 +274,7 @@ func processesNaming(dir string) []string {
 }
 
 // unmountUnder unmounts every mount below dir, deepest first.
-func unmountUnder(t *testing.T, dir string) {
+func unmountUnder(t testing.TB, dir string) {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Error(err)
@@ -296,7 +296,7 @@ func unmountUnder(t *testing.T, dir string) {
 }
 
 // tmpfs mounts a tmpfs of size bytes at dir until the test ends.
-func tmpfs(t *testing.T, dir string, size int64) {
+func tmpfs(t testing.TB, dir string, size int64) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ type proc struct {
 }
 
 // supervise starts p and keeps it running until stop.
-func (p *proc) supervise(t *testing.T) {
+func (p *proc) supervise(t testing.TB) {
 	p.stopped = make(chan struct{})
 	started := make(chan error, 1)
 	go func() {
