@@ -80,3 +80,48 @@ func TestTheDispatcherSettlesARunWhoseCompletionDidNotReachTheBackend(t *testing
 		})
 	}
 }
+
+// A run whose completion the backend never takes, from the worker nor from the dispatcher:
+// the attempt is ended as a crash, not recorded as completed, and the next attempt (a new
+// token, which the backend takes) completes the job.
+func TestARunWhoseCompletionTheBackendNeverTakesIsACrash(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	job := f.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
+	var mu sync.Mutex
+	refused := "" // the job token whose completions are refused: its first attempt's
+	f.cfg.APIURL = f.backend.Front(t, func(r *http.Request) backendtest.Fault {
+		if r.URL.Path != "/agent-jobs/"+job+"/complete" {
+			return backendtest.Pass
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refused == "" {
+			refused = r.Header.Get("Authorization")
+		}
+		if r.Header.Get("Authorization") == refused {
+			return backendtest.Refuse
+		}
+		return backendtest.Pass
+	})
+	bot, err := sartiq.New(f.cfg.APIURL, backendtest.BotToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.Bot = bot
+	f.useProcess(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the dispatcher's log:\n%s", f.logs.String())
+		}
+	})
+	cycleUntilDone(t, f, f.dispatcher(t), 4*time.Minute)
+	if got := strings.Join(runKinds(t, f, job), " "); got != "claim@1 crash@1 release@1 claim@2 complete@2" {
+		t.Errorf("the job's runs at the backend: %s, want claim@1 crash@1 release@1 claim@2 complete@2", got)
+	}
+	as := attemptsOf(t, f, job)
+	if len(as) != 2 || as[0].Outcome != "crashed" || !strings.Contains(as[0].Reason, "the run ended completed but the backend did not take it") ||
+		as[1].Outcome != "completed" {
+		t.Errorf("the host's record of the job's attempts: %+v", as)
+	}
+}
