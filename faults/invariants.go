@@ -284,16 +284,15 @@ func CheckOneRunPerOrg(s State) []Violation {
 			closed[e.JobID][e.Attempt] = e.At
 		}
 	}
-	// An attempt ends at its outcome or, without one (CheckHostRecord reports that), where
-	// the backend closed its run; and at the latest where its job's next attempt began: a
-	// re-claim takes a stale run over, revoking its token (a paused dispatcher may record
-	// the outcome of the run it lost later than that).
+	// An attempt ends at its outcome, or where the backend closed its run if that came
+	// first (an attempt without an outcome, which CheckHostRecord reports, ends there); and
+	// at the latest where its job's next attempt began: a re-claim takes a stale run over,
+	// revoking its token. A dispatcher paused after its run ended records the outcome late,
+	// after another has taken the org over (and claimed its next job) or the run's job.
 	end := func(a Attempt) time.Time {
 		e := a.FinishedAt
-		if e.IsZero() {
-			if at, ok := closed[a.JobID][a.Attempt]; ok {
-				e = at
-			}
+		if at, ok := closed[a.JobID][a.Attempt]; ok && (e.IsZero() || at.Before(e)) {
+			e = at
 		}
 		for n, at := range next[a.JobID] {
 			if n > a.Attempt && (e.IsZero() || at.Before(e)) {

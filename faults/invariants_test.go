@@ -127,6 +127,17 @@ func TestOneRunPerOrg(t *testing.T) {
 	// re-claim ended it.
 	s.Attempts[4].FinishedAt = at(11)
 	wantViolations(t, CheckOneRunPerOrg(s), 0)
+
+	s = goodHistory()
+	// ... or after another took the org over and claimed its next job: the backend's close
+	// of the run ended it.
+	s.Attempts[6].FinishedAt = at(14)
+	s.JobEvents = append(s.JobEvents, ev(60, "j9", "acme", "claim", 1, 13), ev(61, "j9", "acme", "complete", 1, 15))
+	s.Attempts = append(s.Attempts, Attempt{ID: 8, JobID: "j9", Org: "acme", Attempt: 1, ClaimedAt: at(13), FinishedAt: at(15), Outcome: "completed"})
+	wantViolations(t, CheckOneRunPerOrg(s), 0)
+	// The same claim while the backend still had the run open is two runs at once.
+	s.JobEvents[len(s.JobEvents)-2].At, s.Attempts[len(s.Attempts)-1].ClaimedAt = at(11).Add(time.Second/2), at(11).Add(time.Second/2)
+	wantViolations(t, CheckOneRunPerOrg(s), 2, "org acme", "claim_attempts", "j9")
 }
 
 func TestLeases(t *testing.T) {
