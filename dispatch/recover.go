@@ -215,6 +215,7 @@ func (d *Dispatcher) settle(c *sartiq.Claim, out worker.Outcome, log *slog.Logge
 		return err
 	}
 	last, refused := errors.New(out.ReportError), false
+retry:
 	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 		events, err := d.cfg.Bot.ListEvents(ctx, c.Job.ID)
 		if err == nil {
@@ -223,26 +224,27 @@ func (d *Dispatcher) settle(c *sartiq.Claim, out worker.Outcome, log *slog.Logge
 				return end, out.Reason, out.Result
 			}
 			if refused {
-				break // refused, and the log shows no end: no call of this run landed
+				break retry // and the log shows no end: no call of this run landed
 			}
 			if err = call(); err == nil {
 				log.Warn("the worker's terminal call failed; the dispatcher made it", "outcome", out.Meant, "worker_error", out.ReportError)
 				return out.Meant, out.Reason, out.Result
 			}
-			if refused = !sartiq.IsTransient(err); refused {
-				// The token is void, say: the log is read once more, as an earlier call
-				// (the worker's) may have landed with its answer lost.
-				last = err
-				continue
-			}
+			// Refused (the token is void, say): the log is read once more, at once, as an
+			// earlier call (the worker's) may have landed with its answer lost.
+			refused = !sartiq.IsTransient(err)
 		}
 		last = err
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
+		if refused {
 			continue
 		}
-		break
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			break retry
+		case <-t.C:
+		}
 	}
 	return "crashed", clip(fmt.Sprintf("the run ended %s but the backend did not take it: %v", out.Meant, last), 1000), nil
 }

@@ -114,7 +114,6 @@ type runner struct {
 	ws          string
 	check       *Checkpoint
 	bundled     *orghome.Bundled
-	repeated    bool // a terminal call was made again (terminal)
 	emitMu      sync.Mutex
 	accepts     int
 	total       int      // the manifest's categories, once read: progress events state it
@@ -161,11 +160,11 @@ func (r *runner) emit(kind string, data any) {
 // release puts the job back in the queue, even when ctx has ended.
 func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
 	r.cfg.Log.Warn("releasing job", "job", r.job.ID, "reason", reason)
-	err := r.terminal(ctx, "release", func(ctx context.Context) error {
+	repeated, err := r.terminal(ctx, "release", func(ctx context.Context) error {
 		_, err := r.api.Release(ctx, r.job.ID, reason)
 		return err
 	})
-	if sartiq.IsConflict(err) && !r.repeated {
+	if sartiq.IsConflict(err) && !repeated {
 		// The token is no longer the job's: it was re-claimed meanwhile.
 		return Outcome{Status: "taken_away", Reason: err.Error()}, nil
 	}
@@ -178,21 +177,21 @@ func (r *runner) release(ctx context.Context, reason string) (Outcome, error) {
 // terminal makes a terminal call (complete, fail, release), again while it fails on the
 // way or with a 5xx (sartiq.IsTransient), for up to reportTimeout, even when ctx has ended:
 // a backend restarting must not lose a job's end. A repeat is safe, as the first call that
-// lands revokes the token; r.repeated says one was made, so a refusal may answer it.
-func (r *runner) terminal(ctx context.Context, what string, call func(context.Context) error) error {
+// lands revokes the token; repeated says one was made, so a refusal may answer an earlier
+// call of its own.
+func (r *runner) terminal(ctx context.Context, what string, call func(context.Context) error) (repeated bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
 	defer cancel()
 	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		err := call(ctx)
-		if err == nil || !sartiq.IsTransient(err) {
-			return err
+		if err = call(ctx); err == nil || !sartiq.IsTransient(err) {
+			return repeated, err
 		}
 		r.cfg.Log.Warn("report "+what+": trying again", "job", r.job.ID, "err", err, "in", wait.String())
 		select {
 		case <-ctx.Done():
-			return err
+			return repeated, err
 		case <-time.After(wait):
-			r.repeated = true
+			repeated = true
 		}
 	}
 }
@@ -569,7 +568,7 @@ func (r *runner) finish(ctx context.Context, out Outcome) (Outcome, error) {
 		out.Status = "unreported"
 		return out, nil
 	}
-	err := r.terminal(ctx, out.Status, func(ctx context.Context) error {
+	_, err := r.terminal(ctx, out.Status, func(ctx context.Context) error {
 		var err error
 		switch out.Status {
 		case "completed":
