@@ -39,7 +39,7 @@ func TestTheDispatcherSettlesARunWhoseCompletionDidNotReachTheBackend(t *testing
 			f.cfg.ClaimEnabled = true
 			var mu sync.Mutex
 			var first time.Time
-			f.cfg.APIURL = f.backend.Front(t, func(r *http.Request) backendtest.Fault {
+			f.behindFront(t, func(r *http.Request) backendtest.Fault {
 				if !strings.HasSuffix(r.URL.Path, "/complete") {
 					return backendtest.Pass
 				}
@@ -50,19 +50,6 @@ func TestTheDispatcherSettlesARunWhoseCompletionDidNotReachTheBackend(t *testing
 				at := first
 				mu.Unlock()
 				return tc.fault(at)
-			})
-			// The bot's calls and the units' go through the front too (the backend names
-			// its manifests at the address it was called at).
-			bot, err := sartiq.New(f.cfg.APIURL, backendtest.BotToken)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f.cfg.Bot = bot
-			f.useProcess(t)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("the dispatcher's log:\n%s", f.logs.String())
-				}
 			})
 			cycleUntilDone(t, f, f.dispatcher(t), 3*time.Minute)
 			checkDemoJobsDone(t, f, 4, 0)
@@ -90,7 +77,7 @@ func TestARunWhoseCompletionTheBackendNeverTakesIsACrash(t *testing.T) {
 	job := f.backend.DemoJob(t, "acme", sartiq.TypeProductIngest)
 	var mu sync.Mutex
 	refused := "" // the job token whose completions are refused: its first attempt's
-	f.cfg.APIURL = f.backend.Front(t, func(r *http.Request) backendtest.Fault {
+	f.behindFront(t, func(r *http.Request) backendtest.Fault {
 		if r.URL.Path != "/agent-jobs/"+job+"/complete" {
 			return backendtest.Pass
 		}
@@ -104,6 +91,23 @@ func TestARunWhoseCompletionTheBackendNeverTakesIsACrash(t *testing.T) {
 		}
 		return backendtest.Pass
 	})
+	cycleUntilDone(t, f, f.dispatcher(t), 4*time.Minute)
+	if got := strings.Join(runKinds(t, f, job), " "); got != "claim@1 crash@1 release@1 claim@2 complete@2" {
+		t.Errorf("the job's runs at the backend: %s, want claim@1 crash@1 release@1 claim@2 complete@2", got)
+	}
+	as := attemptsOf(t, f, job)
+	if len(as) != 2 || as[0].Outcome != "crashed" || !strings.Contains(as[0].Reason, "the run ended completed but the backend did not take it") ||
+		as[1].Outcome != "completed" {
+		t.Errorf("the host's record of the job's attempts: %+v", as)
+	}
+}
+
+// behindFront puts a backendtest.Front doing fault before the fixture's backend: the
+// dispatcher's calls, its bot's and its units' go through it (the backend names its
+// manifests at the address it was called at). A failed test prints the dispatcher's log.
+func (f *fixture) behindFront(t *testing.T, fault func(*http.Request) backendtest.Fault) {
+	t.Helper()
+	f.cfg.APIURL = f.backend.Front(t, fault)
 	bot, err := sartiq.New(f.cfg.APIURL, backendtest.BotToken)
 	if err != nil {
 		t.Fatal(err)
@@ -115,13 +119,4 @@ func TestARunWhoseCompletionTheBackendNeverTakesIsACrash(t *testing.T) {
 			t.Logf("the dispatcher's log:\n%s", f.logs.String())
 		}
 	})
-	cycleUntilDone(t, f, f.dispatcher(t), 4*time.Minute)
-	if got := strings.Join(runKinds(t, f, job), " "); got != "claim@1 crash@1 release@1 claim@2 complete@2" {
-		t.Errorf("the job's runs at the backend: %s, want claim@1 crash@1 release@1 claim@2 complete@2", got)
-	}
-	as := attemptsOf(t, f, job)
-	if len(as) != 2 || as[0].Outcome != "crashed" || !strings.Contains(as[0].Reason, "the run ended completed but the backend did not take it") ||
-		as[1].Outcome != "completed" {
-		t.Errorf("the host's record of the job's attempts: %+v", as)
-	}
 }
