@@ -196,7 +196,8 @@ func TestFaults(t *testing.T) {
 		t.Skip("the fault suite runs only with HERMES_FAULTS=1 (make test-faults): it owns a Postgres cluster and a dockerd and stops them mid-run")
 	}
 	seed := seedOf(t)
-	t.Logf("fault seed %d; replay with: HERMES_FAULT_SEED=%d make test-faults", seed, seed)
+	replay := fmt.Sprintf("seed %d; replay with HERMES_FAULT_SEED=%d make test-faults", seed, seed)
+	t.Logf("fault %s", replay)
 	if os.Geteuid() != 0 {
 		t.Fatal("the fault suite needs root: it mounts tmpfs, runs initdb as the postgres user and runs a dockerd")
 	}
@@ -209,9 +210,7 @@ func TestFaults(t *testing.T) {
 	s := &suite{t: &recT{T: t}, seed: seed, procs: map[string]*proc{}, killedDash: map[string]bool{},
 		workRand: rand.New(rand.NewPCG(seed, 1))}
 	// Registered before setUp's, so it runs after them: the failures come last.
-	t.Cleanup(func() {
-		s.t.sayFailures(fmt.Sprintf("seed %d; replay with HERMES_FAULT_SEED=%d make test-faults", seed, seed))
-	})
+	t.Cleanup(func() { s.t.sayFailures(replay) })
 	s.setUp(2)
 
 	s.started = time.Now()
@@ -266,7 +265,7 @@ func TestFaults(t *testing.T) {
 		s.saveArtifacts(st, vs)
 	}
 	if len(vs) > 0 {
-		s.t.Errorf("%d invariant violations (seed %d; replay with HERMES_FAULT_SEED=%d make test-faults):\n%s", len(vs), seed, seed, Report(vs))
+		s.t.Errorf("%d invariant violations (%s):\n%s", len(vs), replay, Report(vs))
 	}
 }
 

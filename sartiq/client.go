@@ -159,9 +159,8 @@ func IsTransient(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var ue *url.Error
-	var ne net.Error
-	return errors.As(err, &ue) || errors.As(err, &ne)
+	var ne net.Error // a *url.Error is one too
+	return errors.As(err, &ne)
 }
 
 // repeat says when a request may be sent again.
