@@ -162,21 +162,25 @@ const liveJobEvents = 20
 // first): each event's row for its job's page, and after a job's last event in the page
 // its list row and its page's head (status, outcome, progress), read once from the control
 // API however many tabs are open, so every fragment is in id order. A claim or re-claim
-// also sends templates.LiveJobs (the list has a job to add or move up). A job the control
-// API does not answer for keeps its event rows; the failure is logged.
+// also sends templates.LiveJobs (the list has a job to add or move up). A job or subagent
+// the control API does not answer for keeps its event rows, and the failure is logged; the
+// page's reload (templates.LiveReload, once a page of events) then reads the rest anew,
+// where the row would otherwise show its old state until the operator reloaded.
 func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []LiveFragment {
 	lastOf := map[string]int{}
 	for i, e := range events {
 		lastOf[e.JobID] = i
 	}
 	var out []LiveFragment
+	unread := false
 	for i, e := range events {
 		out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveJobEvents(e.JobID),
 			HTML: renderString(ctx, templates.JobEventTableRow(jobEventRow(e.ID, e.Attempt, e.Kind, e.At, e.Data)))})
 		if e.Kind == "claim" || e.Kind == "reclaim" {
 			out = append(out, LiveFragment{ID: e.ID, Event: templates.LiveJobs, HTML: "claimed"})
 		}
-		out = append(out, h.liveSubagent(ctx, e)...)
+		sub, ok := h.liveSubagent(ctx, e)
+		out, unread = append(out, sub...), unread || !ok
 		if lastOf[e.JobID] != i {
 			continue
 		}
@@ -185,12 +189,16 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 		cancel()
 		if err != nil {
 			h.Log.Warn("dashboard: live job from the control API", "org", h.Org, "job", e.JobID, "err", err)
+			unread = true
 			continue
 		}
 		v := h.jobDetail(d)
 		out = append(out,
 			LiveFragment{ID: e.ID, Event: templates.LiveJobRow(e.JobID), HTML: renderString(ctx, templates.JobListCells(v.Job))},
 			LiveFragment{ID: e.ID, Event: templates.LiveJobHead(e.JobID), HTML: renderString(ctx, templates.JobHeadBody(v))})
+	}
+	if unread {
+		out = append(out, LiveFragment{ID: events[len(events)-1].ID, Event: templates.LiveReload, HTML: "unread"})
 	}
 	return out
 }
@@ -201,16 +209,17 @@ func (h *Dashboard) LiveJobs(ctx context.Context, events []control.FeedEvent) []
 var subagentKinds = map[string]bool{"subagent_start": true, "subagent_stop": true, "subagent_cancel": true, "subagent_message": true}
 
 // liveSubagent is what event e changes on the subagents page: the subagent's row as the
-// control API has it now, and for a start the page's reload (a row it has not listed).
-func (h *Dashboard) liveSubagent(ctx context.Context, e control.FeedEvent) []LiveFragment {
+// control API has it now, and for a start the page's reload (a row it has not listed); ok
+// is false when the control API did not answer for the row.
+func (h *Dashboard) liveSubagent(ctx context.Context, e control.FeedEvent) (_ []LiveFragment, ok bool) {
 	if !subagentKinds[e.Kind] {
-		return nil
+		return nil, true
 	}
 	var data struct {
 		ID string `json:"id"`
 	}
 	if json.Unmarshal(e.Data, &data) != nil || data.ID == "" {
-		return nil
+		return nil, true
 	}
 	var out []LiveFragment
 	if e.Kind == "subagent_start" {
@@ -221,10 +230,10 @@ func (h *Dashboard) liveSubagent(ctx context.Context, e control.FeedEvent) []Liv
 	cancel()
 	if err != nil {
 		h.Log.Warn("dashboard: live subagent from the control API", "org", h.Org, "subagent", data.ID, "err", err)
-		return out
+		return out, false
 	}
 	return append(out, LiveFragment{ID: e.ID, Event: templates.LiveSubagentRow(data.ID),
-		HTML: renderString(ctx, templates.SubagentCells(h.Paths(), subagentRow(d.Subagent)))})
+		HTML: renderString(ctx, templates.SubagentCells(h.Paths(), subagentRow(d.Subagent)))}), true
 }
 
 func renderString(ctx context.Context, c templ.Component) string {

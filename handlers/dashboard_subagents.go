@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -44,6 +45,7 @@ func subagentRow(s subagent.Handle) templates.SubagentRow {
 	row := templates.SubagentRow{
 		ID: s.ID, Goal: s.Goal, Role: s.Role, Job: s.JobID, Status: s.Status, Summary: s.Summary, Pending: s.Pending,
 		Started: shownTime(s.StartedAt), Ended: "—", Live: s.Live(), Running: s.Status == subagent.Running,
+		Version: strconv.FormatInt(s.UpdatedAt.UnixMicro(), 10),
 	}
 	switch {
 	case s.ParentSubagent != "":
@@ -70,8 +72,8 @@ func subagentRow(s subagent.Handle) templates.SubagentRow {
 func actor(ctx context.Context) string { return "operator:" + AssertedOperator(ctx) }
 
 // SubagentCancel is POST <prefix>/subagents/{id}/cancel: asks the subagent to stop through
-// the control API, the operator recorded as who asked. For htmx the answer is the row,
-// updated, or, when the cancel is refused (the subagent has ended), the row as it is now
+// the control API, the operator recorded as who asked. For htmx the answer is the row's
+// cells, updated, or, when the cancel is refused (the subagent has ended), as they are now
 // with the reason, both 200 so that htmx swaps them; otherwise back to the page.
 func (h *Dashboard) SubagentCancel(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
@@ -139,7 +141,7 @@ func (h *Dashboard) subagentAnswer(w http.ResponseWriter, r *http.Request, id st
 	if row.Refused {
 		row.Notice = refusal
 	}
-	h.Render(w, r, http.StatusOK, templates.SubagentRowFragment(h.Paths(), row))
+	h.Render(w, r, http.StatusOK, templates.SubagentCells(h.Paths(), row))
 }
 
 // subagentRefusal is what the operator reads of an action the control API refused for a

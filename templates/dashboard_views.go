@@ -358,6 +358,9 @@ type SubagentRow struct {
 	Running   bool   // running: Cancel and Send message are offered
 	Notice    string
 	Refused   bool // Notice is a refusal
+	// Version orders what two renderings of the row show (the handle's last change, in
+	// microseconds): static/app.js keeps the newer.
+	Version string
 }
 
 // SubagentHX is the htmx URL of an action (cancel, messages) on subagent id. Subagent ids

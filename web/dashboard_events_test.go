@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -23,20 +24,26 @@ import (
 	"hermeshost/pg/pgtest"
 	"hermeshost/service"
 	"hermeshost/subagent"
+	"hermeshost/templates"
 )
 
 const liveDashSecret = "live-dashboard-assertion-secret-0123456789"
 
 // countingTransport is a test instrument: it counts the dashboard's requests for the
-// control API's job events, so a test sees how many long-polls the tabs cost.
+// control API's job events, so a test sees how many long-polls the tabs cost, and fails
+// the requests for a path it is told to refuse, as a control API that does not answer.
 type countingTransport struct {
 	next   http.RoundTripper
 	events atomic.Int64
+	refuse atomic.Pointer[string]
 }
 
 func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL.Path == "/v1/jobs/events" {
 		c.events.Add(1)
+	}
+	if p := c.refuse.Load(); p != nil && r.URL.Path == *p {
+		return nil, errors.New("refused by the test: the control API does not answer for " + *p)
 	}
 	return c.next.RoundTrip(r)
 }
@@ -324,4 +331,39 @@ func TestAnIdleLiveStreamGetsAHeartbeat(t *testing.T) {
 	d := newLiveDash(t)
 	s := d.open("", true)
 	s.until("a heartbeat", func(m sseMessage) bool { return m.Comment == "heartbeat" && m.Event == "" })
+}
+
+// A row the control API does not answer for is not left showing its old state: after the
+// event rows, the stream asks its pages to reload (once), which reads them anew.
+func TestALiveUpdateTheControlAPIDoesNotAnswerForReloadsThePages(t *testing.T) {
+	d := newLiveDash(t)
+	s := d.open("", true)
+	claim := d.event("job-1", "claim", nil)
+	got := s.until("the claim", withID(claim))
+	for _, m := range got {
+		if m.Event == templates.LiveReload {
+			t.Fatalf("a claim the control API answered for reloads the pages: %+v", got)
+		}
+	}
+	for _, c := range []struct{ what, kind, path string }{
+		{"the job", "progress", "/v1/jobs/job-1"},
+		{"the subagent", "subagent_stop", "/v1/subagents/sub-1"},
+	} {
+		path := c.path
+		d.counter.refuse.Store(&path)
+		id := d.event("job-1", c.kind, map[string]any{"id": "sub-1", "persisted": []string{"a"}})
+		got := s.until(c.what+"'s event", withID(id))
+		reloads := 0
+		for _, m := range got {
+			if m.Event == templates.LiveReload {
+				reloads++
+			}
+		}
+		if last := got[len(got)-1]; last.Event != templates.LiveReload || reloads != 1 {
+			t.Errorf("%s unread: %d reloads, the last message %+v", c.what, reloads, last)
+		}
+		if !strings.Contains(got[0].Data, c.kind) {
+			t.Errorf("%s unread: its event row did not come first: %+v", c.what, got[0])
+		}
+	}
 }

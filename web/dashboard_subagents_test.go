@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
@@ -82,18 +83,22 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 	if tgt, _ := cancelForm.Attr("hx-target"); tgt != "closest tr" {
 		t.Errorf("Cancel targets %q", tgt)
 	}
-	if sw, _ := cancelForm.Attr("hx-swap"); sw != "outerHTML" {
+	if sw, _ := cancelForm.Attr("hx-swap"); sw != "innerHTML" {
 		t.Errorf("Cancel swaps %q", sw)
 	}
 
-	// Send: the row comes back with the message waiting; the child drains it once.
+	// Send: the row's cells come back with the message waiting (swapped inside the row,
+	// which stays the live stream's listener); the child drains it once.
 	status, frag := htmxPost(d, "ada", "/orgs/acme/subagents/sub-msg/messages", map[string]string{"body": hostile})
 	if status != http.StatusOK {
 		t.Fatalf("send: %d %s", status, frag)
 	}
-	f := doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
-	if strings.Contains(frag.String(), "<html") || testid(f, "subagent").Length() != 1 {
-		t.Errorf("send did not answer with the row alone: %s", frag)
+	f := doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme")
+	if strings.Contains(frag.String(), "<html") || strings.Contains(frag.String(), "<tr") || testid(f, "subagent-id").Length() != 1 {
+		t.Errorf("send did not answer with the row's cells alone: %s", frag)
+	}
+	if v := testid(f, "subagent-status").AttrOr("data-version", ""); v == "" || strings.Trim(v, "0123456789") != "" {
+		t.Errorf("the cells carry no version of the handle: %q", v)
 	}
 	if got := testid(f, "subagent-pending").Text(); !strings.Contains(got, "1 waiting") {
 		t.Errorf("pending after send %q", got)
@@ -117,14 +122,14 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 
 	// An empty message is refused in the row, nothing queued.
 	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-msg/messages", map[string]string{"body": "  "})
-	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "Write a message") {
+	if f = doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "Write a message") {
 		t.Errorf("empty message: %d %s", status, frag)
 	}
 	d.holds(`(SELECT count(*) FROM subagent_messages WHERE org = 'acme' AND subagent_id = 'sub-msg') = 1`)
 
 	// Cancel: the row says cancelling, without its buttons; Postgres records who asked.
 	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-run/cancel", nil)
-	f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
+	f = doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme")
 	if status != http.StatusOK || testid(f, "subagent-status").Text() != subagent.Cancelling || testid(f, "subagent-cancel").Length() != 0 {
 		t.Errorf("cancel: %d %s", status, frag)
 	}
@@ -135,11 +140,11 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 
 	// Refusals show their reason in the row, 200 so htmx swaps it.
 	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-run/messages", map[string]string{"body": "still there?"})
-	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "being cancelled") {
+	if f = doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "being cancelled") {
 		t.Errorf("message to a cancelling subagent: %d %s", status, frag)
 	}
 	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-done/cancel", nil)
-	f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme")
+	f = doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme")
 	if status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "has ended") || testid(f, "subagent-status").Text() != subagent.Done {
 		t.Errorf("cancel of an ended subagent: %d %s", status, frag)
 	}
@@ -153,7 +158,7 @@ func TestSubagentsAreListedAndCancelledOrMessagedInPlaceAsTheOperator(t *testing
 	}
 	d.exec(`INSERT INTO subagent_messages (org, subagent_id, sender, body) SELECT 'acme', 'sub-full', 'x', 'y' FROM generate_series(1, $1::int)`, subagent.MaxPending)
 	status, frag = htmxPost(d, "ada", "/orgs/acme/subagents/sub-full/messages", map[string]string{"body": "one more"})
-	if f = doc(t, "<table>"+frag.String()+"</table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "mailbox is full") {
+	if f = doc(t, "<table><tr>"+frag.String()+"</tr></table>", "/orgs/acme"); status != http.StatusOK || !strings.Contains(testid(f, "subagent-notice").Text(), "mailbox is full") {
 		t.Errorf("message to a full mailbox: %d %s", status, frag)
 	}
 	d.holds(`(SELECT count(*) FROM subagent_messages WHERE org = 'acme' AND subagent_id = 'sub-full') = $1`, subagent.MaxPending)
@@ -192,6 +197,57 @@ func TestTheSubagentsPageSaysWhatToDoWithNone(t *testing.T) {
 // job's subagent made elsewhere (another tab's Cancel, the CLI, the child's own stop)
 // arrives as the row, a new subagent as a reload; in a browser the row changes without a
 // reload and a message being typed in another row is kept.
+// subagentsBrowser is a headless Chromium on a dashboard's subagents page as operator ada,
+// its live stream subscribed.
+type subagentsBrowser struct {
+	ctx    context.Context
+	eval   func(js string) string
+	poll   func(js string, within time.Duration) error
+	errors func() []string
+}
+
+func openSubagents(t *testing.T, d *dash) subagentsBrowser {
+	t.Helper()
+	ctxBrowser, pageErrors := hosttest.Headless(t, 90*time.Second)
+	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
+	tok, err := ahead.Sign("ada", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctxBrowser, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctxBrowser, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{assertion.Header: tok}}); err != nil {
+		t.Fatal(err)
+	}
+	b := subagentsBrowser{ctx: ctxBrowser, errors: pageErrors}
+	b.eval = func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctxBrowser, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
+	}
+	b.poll = func(js string, within time.Duration) error {
+		return chromedp.Do(ctxBrowser, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(within)))
+	}
+	if err := chromedp.Do(ctxBrowser, chromedp.Navigate(d.srv.URL+"/orgs/acme/subagents"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="subagent"]`))); err != nil {
+		t.Fatal(err)
+	}
+	for d.liveSubscribers() < 1 {
+		if err := b.poll(`true`, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// rowOf is the JavaScript expression of subagent id's row on the page.
+func rowOf(id string) string {
+	return `[...document.querySelectorAll('[data-testid="subagent"]')].find(r => r.querySelector('[data-testid="subagent-id"]').textContent === "` + id + `")`
+}
+
 func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
 	acme, _ := twoHomes(t, 0)
 	d := newDash(t, dashOptions{home: acme})
@@ -215,40 +271,8 @@ func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
 		t.Fatal("a subagent's id is in an sse attribute")
 	}
 
-	ctxBrowser, pageErrors := hosttest.Headless(t, 90*time.Second)
-	ahead, _ := assertion.NewSigner(dashSecret, func() time.Time { return time.Now().Add(3 * time.Minute) })
-	tok, err := ahead.Sign("ada", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Call(ctxBrowser, network.Enable, network.EnableParams{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Call(ctxBrowser, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{assertion.Header: tok}}); err != nil {
-		t.Fatal(err)
-	}
-	eval := func(js string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctxBrowser, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		return v
-	}
-	poll := func(js string, within time.Duration) error {
-		return chromedp.Do(ctxBrowser, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(within)))
-	}
-	if err := chromedp.Do(ctxBrowser, chromedp.Navigate(d.srv.URL+"/orgs/acme/subagents"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="subagent"]`))); err != nil {
-		t.Fatal(err)
-	}
-	for d.liveSubscribers() < 1 {
-		if err := poll(`true`, time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rowOf := func(id string) string {
-		return `[...document.querySelectorAll('[data-testid="subagent"]')].find(r => r.querySelector('[data-testid="subagent-id"]').textContent === "` + id + `")`
-	}
+	b := openSubagents(t, d)
+	eval, poll, pageErrors := b.eval, b.poll, b.errors
 	eval(`window.stillThisPage = "yes"`)
 	// A message half typed into sub-b's row.
 	eval(rowOf("sub-b") + `.querySelector('input[name="body"]').value = "half typed"`)
@@ -307,4 +331,95 @@ func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
 	// The job's history holds the operator's actions.
 	d.holds(`(SELECT count(*) FROM mirror_job_events WHERE job_id = 'job-1' AND kind = 'subagent_cancel' AND data->>'id' = 'sub-a' AND data->>'actor' = 'operator:bob') = 1`)
 	d.holds(`(SELECT count(*) FROM mirror_job_events WHERE job_id = 'job-1' AND kind = 'subagent_message' AND data->>'id' = 'sub-b') = 1`)
+}
+
+// The answer to Cancel races the live stream: the child may stop, and the stream say so,
+// before the answer (the row as the cancel left it, "cancelling") reaches the browser. The
+// older answer must not overwrite the newer row, and a row an answer was swapped into
+// still follows the stream.
+func TestAnAnswerOlderThanItsRowsLiveUpdateDoesNotOverwriteIt(t *testing.T) {
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	ctx := context.Background()
+	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'RUNNING', 1)`)
+	for _, id := range []string{"sub-a", "sub-b"} {
+		if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: id, JobID: "job-1", Goal: "goal of " + id}); err != nil {
+			t.Fatal(err)
+		}
+		d.mirrorEventData("job-1", "subagent_start", `{"id": "`+id+`"}`)
+	}
+	b := openSubagents(t, d)
+	status := func(id string) string {
+		return b.eval(rowOf(id) + `.querySelector('[data-testid="subagent-status"]').textContent`)
+	}
+	// The browser holds the answers to cancels until the test lets them go.
+	paused := make(chan fetch.RequestID, 4)
+	if err := chromedp.Listen(b.ctx, func(ev any) {
+		if e, ok := ev.(*fetch.EventRequestPaused); ok {
+			select {
+			case paused <- e.RequestID:
+			default:
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(b.ctx, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: "*/cancel", RequestStage: fetch.RequestStageResponse}}}); err != nil {
+		t.Fatal(err)
+	}
+	// An answer reaches the row as htmx:beforeSwap, whose handlers decide whether it is
+	// swapped; the swap (if any) is done before the next task. (htmx:afterRequest fires on
+	// the form that posted, which the newer row no longer holds.)
+	b.eval(`document.addEventListener("htmx:beforeSwap", () => setTimeout(() => { window.answered = (window.answered || 0) + 1 })); "listening"`)
+
+	b.eval(rowOf("sub-a") + `.querySelector('[data-testid="subagent-cancel"] button').click(); "clicked"`)
+	var held fetch.RequestID
+	select {
+	case held = <-paused:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Cancel was not posted")
+	}
+	// The cancel is made: its answer, held, says "cancelling". The child stops, and the
+	// worker's event of it reaches the page first.
+	d.holds(`(SELECT status FROM subagents WHERE id = 'sub-a') = 'cancelling'`)
+	if _, err := d.control.StopSubagent(ctx, "sub-a", subagent.Done, "stopped at its mailbox read"); err != nil {
+		t.Fatal(err)
+	}
+	d.mirrorEventData("job-1", "subagent_stop", `{"id": "sub-a", "status": "cancelled"}`)
+	if err := b.poll(rowOf("sub-a")+`.querySelector('[data-testid="subagent-status"]').textContent === "cancelled"`, 10*time.Second); err != nil {
+		t.Fatalf("sub-a's row did not follow its stop: %v (it says %q)", err, status("sub-a"))
+	}
+	if _, err := chromedp.Call(b.ctx, fetch.ContinueResponse, fetch.ContinueResponseParams{RequestID: held}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.poll(`window.answered >= 1`, 10*time.Second); err != nil {
+		t.Fatalf("the answer to Cancel was not handled: %v", err)
+	}
+	if got := status("sub-a"); got != "cancelled" {
+		t.Fatalf("the late answer to Cancel overwrote the row's newer state: it says %q, not cancelled", got)
+	}
+	if got := b.eval(rowOf("sub-a") + `.querySelector('[data-testid="subagent-cancelled"]').textContent`); !strings.Contains(got, "operator:ada") {
+		t.Errorf("sub-a's row says cancelled %q", got)
+	}
+
+	// An answer that is not older is swapped in: a message to sub-b from its row, whose
+	// answer says it is waiting; the row, the same element, then follows sub-b's stop.
+	b.eval(rowOf("sub-b") + `.querySelector('input[name="body"]').value = "use the 2026 list"`)
+	b.eval(rowOf("sub-b") + `.querySelector('[data-testid="subagent-send"] button').click(); "sent"`)
+	if err := b.poll(rowOf("sub-b")+`.querySelector('[data-testid="subagent-notice"]')?.textContent.startsWith("Message queued")`, 10*time.Second); err != nil {
+		t.Fatalf("the answer to Send message was not swapped in: %v", err)
+	}
+	if got := b.eval(rowOf("sub-b") + `.querySelector('[data-testid="subagent-pending"]').textContent`); !strings.Contains(got, "1 waiting") {
+		t.Errorf("sub-b's row says %q waiting", got)
+	}
+	if _, err := d.control.StopSubagent(ctx, "sub-b", subagent.Done, "heard: use the 2026 list"); err != nil {
+		t.Fatal(err)
+	}
+	d.mirrorEventData("job-1", "subagent_stop", `{"id": "sub-b", "status": "done"}`)
+	if err := b.poll(rowOf("sub-b")+`.querySelector('[data-testid="subagent-status"]').textContent === "done"`, 10*time.Second); err != nil {
+		t.Fatalf("sub-b's row did not follow its stop after an answer was swapped into it: %v (it says %q)", err, status("sub-b"))
+	}
+	if errs := b.errors(); len(errs) > 0 {
+		t.Fatalf("the page logged errors: %v", errs)
+	}
 }

@@ -222,7 +222,7 @@ func (d *dash) as(operator string) *httpexpect.Expect {
 }
 
 // doc parses a page and checks what every page must hold: no markup from the content,
-// scripts only from the dashboard's static files, and every URL and htmx request under
+// scripts only from the dashboard's static files (htmx, its SSE extension, app.js), and every URL and htmx request under
 // the prefix.
 func doc(t *testing.T, html, prefix string) *goquery.Document {
 	t.Helper()
@@ -231,8 +231,8 @@ func doc(t *testing.T, html, prefix string) *goquery.Document {
 		t.Fatal(err)
 	}
 	d.Find("script").Each(func(_ int, s *goquery.Selection) {
-		if src, _ := s.Attr("src"); src != prefix+"/static/vendor/htmx.min.js" && src != prefix+"/static/vendor/htmx-ext-sse.min.js" || strings.TrimSpace(s.Text()) != "" {
-			t.Errorf("a script that is not the dashboard's htmx: %s", goquery.NodeName(s)+" src="+src+" "+s.Text())
+		if src, _ := s.Attr("src"); src != prefix+"/static/vendor/htmx.min.js" && src != prefix+"/static/vendor/htmx-ext-sse.min.js" && src != prefix+"/static/app.js" || strings.TrimSpace(s.Text()) != "" {
+			t.Errorf("a script that is not the dashboard's htmx or app.js: %s", goquery.NodeName(s)+" src="+src+" "+s.Text())
 		}
 	})
 	for _, attr := range []string{"href", "src", "action", "hx-get", "hx-post"} {

@@ -84,12 +84,13 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 	}
 	// await polls js (a string expression, "" for not yet) until it is not empty, through
 	// navigations (an evaluation in a page that is going away fails, and is tried again).
-	await := func(what string, within time.Duration, js string) string {
+	// until evaluates js until ok holds of its value, and fails naming the last it gave.
+	until := func(what string, within time.Duration, js string, ok func(string) bool) string {
 		t.Helper()
 		deadline := time.Now().Add(within)
 		for {
 			s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
-			if err == nil && s != "" {
+			if err == nil && ok(s) {
 				return s
 			}
 			if ctx.Err() != nil || time.Now().After(deadline) {
@@ -97,6 +98,10 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+	await := func(what string, within time.Duration, js string) string {
+		t.Helper()
+		return until(what, within, js, func(s string) bool { return s != "" })
 	}
 	text := func(sel string) string {
 		q, _ := json.Marshal(sel)
@@ -172,7 +177,7 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 			((r.querySelector('[data-testid="subagent-cancelled"]') || {}).textContent || "").trim() : "" })()`
 	// It is the one running, so its Cancel is the page's only one.
 	do("click Cancel", chromedp.Click(css(`[data-testid="subagent-cancel"] button`)))
-	got := strings.Split(await("the row after Cancel", 15*time.Second, `(() => { const s = `+row+`; return s.startsWith("running|") ? "" : s })()`), "|")
+	got := strings.Split(until("the row after Cancel", 15*time.Second, row, func(s string) bool { return s != "" && !strings.HasPrefix(s, "running|") }), "|")
 	// The answer to Cancel is the row with a notice; a live update of the row (the cancel
 	// noted, the child stopping) may have replaced it already, without one.
 	stopping := got[0] == "cancelling" || got[0] == "cancelled"
@@ -184,7 +189,7 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 		t.Fatalf("%s Cancel buttons remain", n)
 	}
 	// The child stops at its next step (one write's time): the row follows.
-	await("the subagent's end in its row", 20*time.Second, `(() => { const s = `+row+`; return s.startsWith("cancelled|") ? s : "" })()`)
+	until("the subagent's end in its row", 20*time.Second, row, func(s string) bool { return strings.HasPrefix(s, "cancelled|") })
 	if eval(`String(window.__noReload)`) != "1" {
 		t.Fatal("the page was reloaded instead of its row swapped")
 	}
