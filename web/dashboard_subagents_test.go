@@ -243,22 +243,30 @@ func openSubagents(t *testing.T, d *dash) subagentsBrowser {
 	return b
 }
 
+// twoRunningSubagents is acme's dashboard with job-1 running and its subagents sub-a and
+// sub-b started, each start mirrored as the worker does.
+func twoRunningSubagents(t *testing.T) *dash {
+	t.Helper()
+	acme, _ := twoHomes(t, 0)
+	d := newDash(t, dashOptions{home: acme})
+	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'RUNNING', 1)`)
+	for _, id := range []string{"sub-a", "sub-b"} {
+		if _, err := d.control.StartSubagent(context.Background(), subagent.Start{ID: id, JobID: "job-1", Goal: "goal of " + id}); err != nil {
+			t.Fatal(err)
+		}
+		d.mirrorEventData("job-1", "subagent_start", `{"id": "`+id+`"}`)
+	}
+	return d
+}
+
 // rowOf is the JavaScript expression of subagent id's row on the page.
 func rowOf(id string) string {
 	return `[...document.querySelectorAll('[data-testid="subagent"]')].find(r => r.querySelector('[data-testid="subagent-id"]').textContent === "` + id + `")`
 }
 
 func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
-	acme, _ := twoHomes(t, 0)
-	d := newDash(t, dashOptions{home: acme})
+	d := twoRunningSubagents(t)
 	ctx := context.Background()
-	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'RUNNING', 1)`)
-	for _, id := range []string{"sub-a", "sub-b"} {
-		if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: id, JobID: "job-1", Goal: "goal of " + id}); err != nil {
-			t.Fatal(err)
-		}
-		d.mirrorEventData("job-1", "subagent_start", `{"id": "`+id+`"}`)
-	}
 	p := page(t, d.as("ada"), "/orgs/acme/subagents", "/orgs/acme")
 	live := testid(p, "live")
 	if live.AttrOr("hx-ext", "") != "sse" || !strings.HasPrefix(live.AttrOr("sse-connect", ""), "/orgs/acme/events") {
@@ -338,16 +346,8 @@ func TestTheSubagentsPageFollowsItsSubagentsLive(t *testing.T) {
 // older answer must not overwrite the newer row, and a row an answer was swapped into
 // still follows the stream.
 func TestAnAnswerOlderThanItsRowsLiveUpdateDoesNotOverwriteIt(t *testing.T) {
-	acme, _ := twoHomes(t, 0)
-	d := newDash(t, dashOptions{home: acme})
+	d := twoRunningSubagents(t)
 	ctx := context.Background()
-	d.exec(`INSERT INTO mirror_jobs (job_id, org, type, status, attempt) VALUES ('job-1', 'acme', 'guidelines', 'RUNNING', 1)`)
-	for _, id := range []string{"sub-a", "sub-b"} {
-		if _, err := d.control.StartSubagent(ctx, subagent.Start{ID: id, JobID: "job-1", Goal: "goal of " + id}); err != nil {
-			t.Fatal(err)
-		}
-		d.mirrorEventData("job-1", "subagent_start", `{"id": "`+id+`"}`)
-	}
 	b := openSubagents(t, d)
 	status := func(id string) string {
 		return b.eval(rowOf(id) + `.querySelector('[data-testid="subagent-status"]').textContent`)
