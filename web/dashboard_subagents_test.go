@@ -403,11 +403,14 @@ func TestAnAnswerOlderThanItsRowsLiveUpdateDoesNotOverwriteIt(t *testing.T) {
 	}
 
 	// An answer that is not older is swapped in: a message to sub-b from its row, whose
-	// answer says it is waiting; the row, the same element, then follows sub-b's stop.
+	// answer says it is waiting; the row, the same element, then follows sub-b's stop. The
+	// stream's update for the message (the same version, no notice) may come before or
+	// after the answer, so the notice is read as the answer is swapped in.
+	b.eval(`document.addEventListener("htmx:afterSwap", e => { const n = e.target.querySelector && e.target.querySelector('[data-testid="subagent-notice"]'); if (n) window.notice = n.textContent }); "listening"`)
 	b.eval(rowOf("sub-b") + `.querySelector('input[name="body"]').value = "use the 2026 list"`)
 	b.eval(rowOf("sub-b") + `.querySelector('[data-testid="subagent-send"] button').click(); "sent"`)
-	if err := b.poll(rowOf("sub-b")+`.querySelector('[data-testid="subagent-notice"]')?.textContent.startsWith("Message queued")`, 10*time.Second); err != nil {
-		t.Fatalf("the answer to Send message was not swapped in: %v", err)
+	if err := b.poll(`(window.notice || "").startsWith("Message queued")`, 10*time.Second); err != nil {
+		t.Fatalf("the answer to Send message was not swapped in: %v (notice %q)", err, b.eval(`String(window.notice)`))
 	}
 	if got := b.eval(rowOf("sub-b") + `.querySelector('[data-testid="subagent-pending"]').textContent`); !strings.Contains(got, "1 waiting") {
 		t.Errorf("sub-b's row says %q waiting", got)

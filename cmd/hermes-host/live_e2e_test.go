@@ -111,7 +111,7 @@ func TestLiveControlsThroughTheLauncher(t *testing.T) {
 	}
 }
 
-// cancel: an htmx Cancel answers with the row alone, and the child stops at its next step.
+// cancel: an htmx Cancel answers with the row's cells alone, and the child stops at its next step.
 func (s *liveStack) cancel(t *testing.T, e *httpexpect.Expect) {
 	child := s.awaitChild(t, e, goalCancel)
 	// The first job's agent has read its knobs: later runs (the second job, the chat
@@ -558,19 +558,20 @@ func readSubagentRow(s *goquery.Selection) subagentRow {
 	}
 }
 
-// fragmentRow is the one subagent row an htmx action answers with, failing when the
-// answer is anything more (a page, several rows) or less.
+// fragmentRow is the one subagent row's cells an htmx action answers with (swapped inside
+// the row, which stays), failing when the answer is anything more (a page, a row, several
+// rows' cells) or less.
 func fragmentRow(t *testing.T, body string) subagentRow {
 	t.Helper()
 	trimmed := strings.TrimSpace(body)
 	lower := strings.ToLower(trimmed)
-	if !strings.HasPrefix(lower, "<tr") || !strings.HasSuffix(lower, "</tr>") || strings.Contains(lower, "<html") || strings.Contains(lower, "<body") {
-		t.Fatalf("the htmx answer is not a lone table row:\n%s", body)
+	if !strings.HasPrefix(lower, "<td") || !strings.HasSuffix(lower, "</td>") || strings.Contains(lower, "<tr") || strings.Contains(lower, "<html") || strings.Contains(lower, "<body") {
+		t.Fatalf("the htmx answer is not one row's cells:\n%s", body)
 	}
-	// A row parses only inside a table.
-	rows := byTestID(parse(t, "<table><tbody>"+trimmed+"</tbody></table>"), "subagent")
-	if rows.Length() != 1 {
-		t.Fatalf("the htmx answer holds %d subagent rows, want 1:\n%s", rows.Length(), body)
+	// Cells parse only inside a row of a table.
+	rows := byTestID(parse(t, `<table><tbody><tr data-testid="subagent">`+trimmed+"</tr></tbody></table>"), "subagent")
+	if n := rows.Find(`[data-testid="subagent-id"]`).Length(); rows.Length() != 1 || n != 1 {
+		t.Fatalf("the htmx answer holds %d subagents' cells, want 1:\n%s", n, body)
 	}
 	return readSubagentRow(rows)
 }
