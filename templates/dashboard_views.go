@@ -277,18 +277,23 @@ const (
 	LiveLeases = "leases"
 )
 
-// Events is the URL of the dashboard's SSE stream, resuming after event id after (0: from
-// when it connects).
+// Events is the URL of the dashboard's SSE stream, resuming after event id after (negative:
+// from when it connects).
 func (p Paths) Events(after int64) string {
-	if after <= 0 {
-		return p.HX("/events")
-	}
-	return p.HX("/events?after=" + strconv.FormatInt(after, 10))
+	return p.HX("/events" + resumeAfter(after))
 }
 
-// LeaseEvents is the URL of the leases page's SSE stream, resuming after lease event after.
+// LeaseEvents is the URL of the leases page's SSE stream, resuming after lease event after
+// (negative: from when it connects).
 func (p Paths) LeaseEvents(after int64) string {
-	return p.HX("/leases/events?after=" + strconv.FormatInt(after, 10))
+	return p.HX("/leases/events" + resumeAfter(after))
+}
+
+func resumeAfter(after int64) string {
+	if after < 0 {
+		return ""
+	}
+	return "?after=" + strconv.FormatInt(after, 10)
 }
 
 // LiveRefresh is the URL a live page asks when the stream says it missed events: the

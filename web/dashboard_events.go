@@ -35,22 +35,23 @@ var (
 	liveBuffer = 256
 	// liveRing is how many fragments the hub keeps for reconnects.
 	liveRing = 2048
+	// liveHeadWait is how long a live page's request waits for its feed to find the head
+	// of the events (only until some page has: see mark).
+	liveHeadWait = 3 * time.Second
 )
 
 // liveFeed is one dashboard's live updates (DESIGN section 14): a single loop long-polls the
 // control API's job events, however many tabs are open, renders each page of them once
-// (handlers.LiveJobs) and fans the fragments out to the SSE streams subscribed. The loop runs
-// while some stream is open; what it last saw, and a ring of recent fragments for browsers
-// that reconnect with Last-Event-ID, outlive it.
-//
-// Not yet live: subagent rows (the control API has no subagent stream, and the subagents
-// page re-renders only on its own actions) and lease changes.
+// (handlers.LiveJobs: the jobs and subagents pages) and fans the fragments out to the SSE
+// streams subscribed. The loop runs while some stream is open; what it last saw, and a ring
+// of recent fragments for browsers that reconnect with Last-Event-ID, outlive it. The
+// leases page has a feed of its own, of the org's lease changes (leaseChanges).
 type liveFeed struct {
-	source                               liveSource
-	render                               func(context.Context, []control.FeedEvent) []handlers.LiveFragment
-	log                                  *slog.Logger
-	wait, heartbeat, retry, writeTimeout time.Duration
-	buffer, ringSize                     int
+	source                                         liveSource
+	render                                         func(context.Context, []control.FeedEvent) []handlers.LiveFragment
+	log                                            *slog.Logger
+	wait, heartbeat, retry, writeTimeout, headWait time.Duration
+	buffer, ringSize                               int
 
 	subscribers prometheus.Gauge
 	dropped     prometheus.Counter
@@ -115,7 +116,7 @@ func leaseChanges(c *control.Client) liveSource {
 func newLiveFeed(src liveSource, render func(context.Context, []control.FeedEvent) []handlers.LiveFragment, log *slog.Logger, reg prometheus.Registerer) *liveFeed {
 	f := &liveFeed{
 		source: src, render: render, log: log, subs: map[*liveSubscriber]struct{}{}, backoff: time.Second,
-		wait: liveWait, heartbeat: liveHeartbeat, retry: liveRetry, writeTimeout: liveWriteTimeout, buffer: liveBuffer, ringSize: liveRing,
+		wait: liveWait, heartbeat: liveHeartbeat, retry: liveRetry, writeTimeout: liveWriteTimeout, headWait: liveHeadWait, buffer: liveBuffer, ringSize: liveRing,
 		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hermes_dashboard_" + src.name + "_subscribers", Help: "SSE streams of the dashboard subscribed to this feed of live updates."}),
 		dropped:     prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_" + src.name + "_dropped_total", Help: "SSE streams of this feed dropped for falling behind."}),
 		polls:       prometheus.NewCounter(prometheus.CounterOpts{Name: "hermes_dashboard_" + src.name + "_polls_total", Help: "Requests of this feed's live loop to the control API."}),
@@ -135,12 +136,37 @@ func (f *liveFeed) Last() (int64, bool) {
 	return f.last, f.known
 }
 
-// mark puts Last in the request's context for the pages that update live.
+// mark puts in the request's context the id a page rendered now connects from: Last. A
+// feed that has not found the head yet (no page has connected since the dashboard started)
+// finds it first; a page rendered from before the history would be asked to reload as soon
+// as it connected, and an operator's click in that moment lost (the first visit to the
+// leases page did that). A head not found within liveHeadWait (the control API does not
+// answer) leaves the page to follow from whenever its stream connects (-1).
 func (f *liveFeed) mark(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		last, _ := f.Last()
+		last, known := f.Last()
+		if !known {
+			last, known = f.findHead(r.Context())
+		}
+		if !known {
+			last = -1
+		}
 		next.ServeHTTP(w, r.WithContext(handlers.WithLiveAfter(r.Context(), last)))
 	})
+}
+
+// findHead runs the loop, as a stream does, until it knows the head, for at most headWait.
+func (f *liveFeed) findHead(ctx context.Context) (int64, bool) {
+	ready := f.join()
+	defer f.leave()
+	t := time.NewTimer(f.headWait)
+	defer t.Stop()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return f.Last()
 }
 
 // join counts a stream in, starting the loop when it is the first; the channel is closed

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/PuerkitoBio/goquery"
+
 	"hermeshost/assertion"
 	"hermeshost/control"
 	"hermeshost/internal/testio"
@@ -54,6 +56,7 @@ type liveDash struct {
 	t       *testing.T
 	srv     *httptest.Server
 	mirror  *mirror.Store
+	leases  *lease.Store
 	counter *countingTransport
 	signer  *assertion.Signer
 }
@@ -110,7 +113,7 @@ func newLiveDash(t *testing.T) *liveDash {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &liveDash{t: t, srv: srv, mirror: store, counter: counter, signer: signer}
+	return &liveDash{t: t, srv: srv, mirror: store, leases: leases, counter: counter, signer: signer}
 }
 
 // event mirrors a claim of job (its first event) or one of its progress events.
@@ -145,8 +148,14 @@ type stream struct {
 // to say it is live; read says whether anything reads it after that.
 func (d *liveDash) open(lastID string, read bool) *stream {
 	d.t.Helper()
+	return d.openAt("/orgs/acme/events", lastID, read)
+}
+
+// openAt is open of the stream at target (a page's sse-connect: path and query).
+func (d *liveDash) openAt(target, lastID string, read bool) *stream {
+	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.srv.URL+"/orgs/acme/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.srv.URL+target, nil)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -366,4 +375,103 @@ func TestALiveUpdateTheControlAPIDoesNotAnswerForReloadsThePages(t *testing.T) {
 			t.Errorf("%s unread: its event row did not come first: %+v", c.what, got[0])
 		}
 	}
+}
+
+// The first live page a dashboard serves is rendered before its feed has found the head
+// of the org's events: it still connects from where it was rendered, and its stream
+// carries what comes next and no reload. (It used to connect from 0, before the history,
+// and reloaded itself at once: the browser e2e's click on Force release, on the first
+// visit to the leases page, was lost to that reload.)
+func TestTheFirstLivePageADashboardServesConnectsWithoutAReload(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		page        string
+		history     func(d *liveDash)
+		next        func(d *liveDash)
+		nextArrived func(sseMessage) bool
+	}{{
+		page:        "/orgs/acme/jobs",
+		history:     func(d *liveDash) { d.event("job-0", "claim", nil) },
+		next:        func(d *liveDash) { d.event("job-1", "claim", nil) },
+		nextArrived: func(m sseMessage) bool { return strings.Contains(m.Data, "job-1") },
+	}, {
+		page: "/orgs/acme/leases",
+		history: func(d *liveDash) {
+			l, err := d.leases.TryAcquire(ctx, "home:acme", "worker-acme-1", time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.leases.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		},
+		next: func(d *liveDash) {
+			if _, err := d.leases.TryAcquire(ctx, "home:acme", "worker-acme-2", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		},
+		nextArrived: func(m sseMessage) bool { return strings.Contains(m.Data, "worker-acme-2") },
+	}} {
+		t.Run(strings.TrimPrefix(c.page, "/orgs/acme/"), func(t *testing.T) {
+			d := newLiveDash(t)
+			c.history(d)
+			connect := d.liveConnect(c.page)
+			s := d.openAt(connect, "", true)
+			c.next(d)
+			got := s.until("what came after the page", c.nextArrived)
+			for _, m := range got {
+				if m.Event == templates.LiveReload {
+					t.Fatalf("%s (connecting to %s) was asked to reload: %+v", c.page, connect, got)
+				}
+			}
+		})
+	}
+}
+
+// A page whose feed cannot find the head in time (the control API does not answer for the
+// events) is still served, and follows from whenever its stream connects.
+func TestALivePageWhoseFeedFindsNoHeadFollowsFromWhenItConnects(t *testing.T) {
+	defer func(d time.Duration) { liveHeadWait = d }(liveHeadWait)
+	liveHeadWait = 200 * time.Millisecond
+	for _, c := range []struct{ page, events, connect string }{
+		{"/orgs/acme/jobs", "/v1/jobs/events", "/orgs/acme/events"},
+		{"/orgs/acme/leases", "/v1/leases/changes", "/orgs/acme/leases/events"},
+	} {
+		d := newLiveDash(t)
+		d.counter.refuse.Store(&c.events)
+		if got := d.liveConnect(c.page); got != c.connect {
+			t.Errorf("%s, its events refused, connects to %s, want %s", c.page, got, c.connect)
+		}
+	}
+}
+
+// liveConnect is the stream a live page of the dashboard connects to (its sse-connect).
+func (d *liveDash) liveConnect(target string) string {
+	d.t.Helper()
+	tok, err := d.signer.Sign("ada", "acme")
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodGet, d.srv.URL+target, nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req.Header.Set(assertion.Header, tok)
+	resp, err := d.srv.Client().Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		d.t.Fatalf("%s: %s", target, resp.Status)
+	}
+	page, err := goquery.NewDocumentFromReader(resp.Body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	connect := page.Find(`[data-testid="live"]`).AttrOr("sse-connect", "")
+	if connect == "" {
+		d.t.Fatalf("%s is not live", target)
+	}
+	return connect
 }

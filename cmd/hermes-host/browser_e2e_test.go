@@ -94,7 +94,10 @@ func TestAnOperatorWorksTheDashboardsInABrowser(t *testing.T) {
 				return s
 			}
 			if ctx.Err() != nil || time.Now().After(deadline) {
-				t.Fatalf("%s: not within %s (last: %q, %v) at %s", what, within, s, err, eval(`location.href`))
+				// How the page it is on was loaded: "reload" says the page reloaded itself
+				// (a live stream's reload), which cancels a navigation it was making.
+				t.Fatalf("%s: not within %s (last: %q, %v) at %s", what, within, s, err,
+					eval(`location.href + " (loaded by " + ((performance.getEntriesByType("navigation")[0] || {}).type || "?") + ")"`))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
