@@ -35,8 +35,8 @@ var (
 	liveBuffer = 256
 	// liveRing is how many fragments the hub keeps for reconnects.
 	liveRing = 2048
-	// liveHeadWait is how long a live page's request waits for its feed to find the head
-	// of the events (only until some page has: see mark).
+	// liveHeadWait is how long a live page's request waits for its feed's loop to catch
+	// up when no stream keeps it running (see mark).
 	liveHeadWait = 3 * time.Second
 )
 
@@ -136,37 +136,38 @@ func (f *liveFeed) Last() (int64, bool) {
 	return f.last, f.known
 }
 
-// mark puts in the request's context the id a page rendered now connects from: Last. A
-// feed that has not found the head yet (no page has connected since the dashboard started)
-// finds it first; a page rendered from before the history would be asked to reload as soon
-// as it connected, and an operator's click in that moment lost (the first visit to the
-// leases page did that). A head not found within liveHeadWait (the control API does not
-// answer) leaves the page to follow from whenever its stream connects (-1).
+// mark puts in the request's context the id a page rendered now connects from: the head
+// of the events, as the feed's loop knows it once caught up. While some stream keeps the
+// loop running that is Last, at once; else the page's request runs the loop, as a stream
+// does, until it has caught up (a first loop finds the head; a later one reads what came
+// since it stopped, or skips to the head past a long gap). A page rendered from further
+// back than the loop then keeps would be asked to reload as soon as it connected, and an
+// operator's click in that moment lost (the first visit to the leases page did that). A
+// loop not caught up within liveHeadWait (the control API does not answer) leaves the page
+// to follow from whenever its stream connects (-1).
 func (f *liveFeed) mark(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		last, known := f.Last()
-		if !known {
-			last, known = f.findHead(r.Context())
-		}
-		if !known {
+		last, ok := f.caughtUp(r.Context())
+		if !ok {
 			last = -1
 		}
 		next.ServeHTTP(w, r.WithContext(handlers.WithLiveAfter(r.Context(), last)))
 	})
 }
 
-// findHead runs the loop, as a stream does, until it knows the head, for at most headWait.
-func (f *liveFeed) findHead(ctx context.Context) (int64, bool) {
+// caughtUp is Last once the loop has caught up, waiting at most headWait for it.
+func (f *liveFeed) caughtUp(ctx context.Context) (int64, bool) {
 	ready := f.join()
 	defer f.leave()
 	t := time.NewTimer(f.headWait)
 	defer t.Stop()
 	select {
 	case <-ready:
+		return f.Last()
 	case <-ctx.Done():
 	case <-t.C:
 	}
-	return f.Last()
+	return 0, false
 }
 
 // join counts a stream in, starting the loop when it is the first; the channel is closed

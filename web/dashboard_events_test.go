@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -377,27 +378,29 @@ func TestALiveUpdateTheControlAPIDoesNotAnswerForReloadsThePages(t *testing.T) {
 	}
 }
 
-// The first live page a dashboard serves is rendered before its feed has found the head
-// of the org's events: it still connects from where it was rendered, and its stream
-// carries what comes next and no reload. (It used to connect from 0, before the history,
-// and reloaded itself at once: the browser e2e's click on Force release, on the first
-// visit to the leases page, was lost to that reload.)
-func TestTheFirstLivePageADashboardServesConnectsWithoutAReload(t *testing.T) {
+// A live page connects from where it was rendered, and its stream carries what comes next
+// and no reload: the first page a dashboard serves, rendered before its feed has found the
+// head of the org's events (it used to connect from 0, before the history, and reloaded
+// itself at once: the browser e2e's click on Force release, on the first visit to the
+// leases page, was lost to that reload), and a page rendered when the feed's loop has
+// stopped and more than a page of events has come since (it used to connect from where
+// the loop stopped, which the next loop skips).
+func TestALivePageConnectsFromWhereItWasRenderedWithoutAReload(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
-		page        string
-		history     func(d *liveDash)
-		next        func(d *liveDash)
-		nextArrived func(sseMessage) bool
+		page   string
+		change func(d *liveDash, i int) // one change, which the page then shows with marker(i)
+		marker func(i int) string
+		page1  int // changes in more than one page of the feed
 	}{{
-		page:        "/orgs/acme/jobs",
-		history:     func(d *liveDash) { d.event("job-0", "claim", nil) },
-		next:        func(d *liveDash) { d.event("job-1", "claim", nil) },
-		nextArrived: func(m sseMessage) bool { return strings.Contains(m.Data, "job-1") },
+		page:   "/orgs/acme/jobs",
+		change: func(d *liveDash, i int) { d.event(fmt.Sprintf("job-%04d", i), "claim", nil) },
+		marker: func(i int) string { return fmt.Sprintf("job-%04d", i) },
+		page1:  control.MaxFeedEvents + 1,
 	}, {
 		page: "/orgs/acme/leases",
-		history: func(d *liveDash) {
-			l, err := d.leases.TryAcquire(ctx, "home:acme", "worker-acme-1", time.Minute)
+		change: func(d *liveDash, i int) {
+			l, err := d.leases.TryAcquire(ctx, "home:acme", fmt.Sprintf("worker-acme-%04d", i), time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -405,25 +408,35 @@ func TestTheFirstLivePageADashboardServesConnectsWithoutAReload(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		next: func(d *liveDash) {
-			if _, err := d.leases.TryAcquire(ctx, "home:acme", "worker-acme-2", time.Minute); err != nil {
-				t.Fatal(err)
-			}
-		},
-		nextArrived: func(m sseMessage) bool { return strings.Contains(m.Data, "worker-acme-2") },
+		marker: func(i int) string { return fmt.Sprintf("worker-acme-%04d", i) },
+		page1:  control.MaxLeaseChanges/2 + 1, // two events each
 	}} {
 		t.Run(strings.TrimPrefix(c.page, "/orgs/acme/"), func(t *testing.T) {
-			d := newLiveDash(t)
-			c.history(d)
-			connect := d.liveConnect(c.page)
-			s := d.openAt(connect, "", true)
-			c.next(d)
-			got := s.until("what came after the page", c.nextArrived)
-			for _, m := range got {
-				if m.Event == templates.LiveReload {
-					t.Fatalf("%s (connecting to %s) was asked to reload: %+v", c.page, connect, got)
+			follows := func(d *liveDash, what string, next int) {
+				t.Helper()
+				connect := d.liveConnect(c.page)
+				if !strings.Contains(connect, "?after=") {
+					t.Fatalf("%s: the page connects to %s, from no event", what, connect)
+				}
+				s := d.openAt(connect, "", true)
+				c.change(d, next)
+				got := s.until(what, func(m sseMessage) bool { return strings.Contains(m.Data, c.marker(next)) })
+				for _, m := range got {
+					if m.Event == templates.LiveReload {
+						t.Fatalf("%s: the page (connecting to %s) was asked to reload: %+v", what, connect, got)
+					}
 				}
 			}
+			d := newLiveDash(t)
+			c.change(d, 0) // history, before the dashboard's feed started
+			follows(d, "the first page", 1)
+
+			d = newLiveDash(t)
+			d.liveConnect(c.page) // the feed's loop runs for the page, then stops: no stream
+			for i := range c.page1 {
+				c.change(d, i)
+			}
+			follows(d, "a page after a long gap", c.page1)
 		})
 	}
 }
