@@ -128,46 +128,36 @@ func newLiveFeed(src liveSource, render func(context.Context, []control.FeedEven
 	return f
 }
 
-// Last is the newest event id the hub has seen and whether it has seen the head at all;
-// a page rendered now connects from there.
-func (f *liveFeed) Last() (int64, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.last, f.known
-}
-
-// mark puts in the request's context the id a page rendered now connects from: the head
-// of the events, as the feed's loop knows it once caught up. While some stream keeps the
-// loop running that is Last, at once; else the page's request runs the loop, as a stream
-// does, until it has caught up (a first loop finds the head; a later one reads what came
-// since it stopped, or skips to the head past a long gap). A page rendered from further
-// back than the loop then keeps would be asked to reload as soon as it connected, and an
+// mark puts in the request's context the id a page rendered now connects from: the head of
+// the events once the feed's loop has caught up. While a stream keeps the loop running that
+// is at once; else the request runs the loop, as a stream does, until it has (a first loop
+// finds the head; a later one reads what came since it stopped, or skips a long gap). A
+// page rendered from further back would be asked to reload as it connected, and an
 // operator's click in that moment lost (the first visit to the leases page did that). A
 // loop not caught up within liveHeadWait (the control API does not answer) leaves the page
 // to follow from whenever its stream connects (-1).
 func (f *liveFeed) mark(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		last, ok := f.caughtUp(r.Context())
-		if !ok {
-			last = -1
-		}
-		next.ServeHTTP(w, r.WithContext(handlers.WithLiveAfter(r.Context(), last)))
+		next.ServeHTTP(w, r.WithContext(handlers.WithLiveAfter(r.Context(), f.caughtUp(r.Context()))))
 	})
 }
 
-// caughtUp is Last once the loop has caught up, waiting at most headWait for it.
-func (f *liveFeed) caughtUp(ctx context.Context) (int64, bool) {
+// caughtUp is the newest event id the loop has seen once it has caught up, or -1 when it
+// has not within headWait.
+func (f *liveFeed) caughtUp(ctx context.Context) int64 {
 	ready := f.join()
 	defer f.leave()
 	t := time.NewTimer(f.headWait)
 	defer t.Stop()
 	select {
 	case <-ready:
-		return f.Last()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.last
 	case <-ctx.Done():
 	case <-t.C:
 	}
-	return 0, false
+	return -1
 }
 
 // join counts a stream in, starting the loop when it is the first; the channel is closed

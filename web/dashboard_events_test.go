@@ -388,15 +388,15 @@ func TestALiveUpdateTheControlAPIDoesNotAnswerForReloadsThePages(t *testing.T) {
 func TestALivePageConnectsFromWhereItWasRenderedWithoutAReload(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
-		page   string
-		change func(d *liveDash, i int) // one change, which the page then shows with marker(i)
-		marker func(i int) string
-		page1  int // changes in more than one page of the feed
+		page      string
+		change    func(d *liveDash, i int) // one change, which the page then shows with marker(i)
+		marker    func(i int) string
+		overAPage int // changes that make more than one page of the feed
 	}{{
-		page:   "/orgs/acme/jobs",
-		change: func(d *liveDash, i int) { d.event(fmt.Sprintf("job-%04d", i), "claim", nil) },
-		marker: func(i int) string { return fmt.Sprintf("job-%04d", i) },
-		page1:  control.MaxFeedEvents + 1,
+		page:      "/orgs/acme/jobs",
+		change:    func(d *liveDash, i int) { d.event(fmt.Sprintf("job-%04d", i), "claim", nil) },
+		marker:    func(i int) string { return fmt.Sprintf("job-%04d", i) },
+		overAPage: control.MaxFeedEvents + 1,
 	}, {
 		page: "/orgs/acme/leases",
 		change: func(d *liveDash, i int) {
@@ -408,8 +408,8 @@ func TestALivePageConnectsFromWhereItWasRenderedWithoutAReload(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		marker: func(i int) string { return fmt.Sprintf("worker-acme-%04d", i) },
-		page1:  control.MaxLeaseChanges/2 + 1, // two events each
+		marker:    func(i int) string { return fmt.Sprintf("worker-acme-%04d", i) },
+		overAPage: control.MaxLeaseChanges/2 + 1, // two events each
 	}} {
 		t.Run(strings.TrimPrefix(c.page, "/orgs/acme/"), func(t *testing.T) {
 			follows := func(d *liveDash, what string, next int) {
@@ -433,10 +433,10 @@ func TestALivePageConnectsFromWhereItWasRenderedWithoutAReload(t *testing.T) {
 
 			d = newLiveDash(t)
 			d.liveConnect(c.page) // the feed's loop runs for the page, then stops: no stream
-			for i := range c.page1 {
+			for i := range c.overAPage {
 				c.change(d, i)
 			}
-			follows(d, "a page after a long gap", c.page1)
+			follows(d, "a page after a long gap", c.overAPage)
 		})
 	}
 }
