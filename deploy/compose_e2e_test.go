@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -81,7 +80,7 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 	hostImage, orgImage := "hermes-deploy-host:"+id, "hermes-deploy-org:"+id
 	buildImages(t, ctx, cli, hostImage, orgImage)
 
-	launcherPort := freePort(t)
+	launcherPort := hosttest.FreePort(t)
 	env := map[string]string{
 		"HERMES_HOST_IMAGE": hostImage,
 		"HERMES_ORG_IMAGE":  orgImage,
@@ -928,16 +927,6 @@ func grepLines(s, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // dockerSocket is the engine's socket on this host, which the dispatcher mounts.

@@ -351,7 +351,7 @@ func (s *suite) setUp(n int) {
 		s.procs[name] = p
 		return p
 	}
-	bport, gport, lport := freePort(t), freePort(t), freePort(t)
+	bport, gport, lport := hosttest.FreePort(t), hosttest.FreePort(t), hosttest.FreePort(t)
 	s.backend = fmt.Sprintf("http://127.0.0.1:%d", bport)
 	s.gateway = fmt.Sprintf("http://127.0.0.1:%d", gport)
 	s.launcher = fmt.Sprintf("http://127.0.0.1:%d", lport)
@@ -371,7 +371,7 @@ func (s *suite) setUp(n int) {
 	// The backend made its schema and the demo jobs; the other orgs get theirs.
 	s.seedJobs(2)
 	for i, name := range []string{"dispatcher-a", "dispatcher-b"}[:n] {
-		cport := freePort(t)
+		cport := hosttest.FreePort(t)
 		d := newProc(name, fmt.Sprintf("http://127.0.0.1:%d/healthz", cport), []string{
 			"DATABASE_URL=" + dbURL, "SARTIQ_API_URL=" + s.backend, "SARTIQ_BOT_TOKEN=" + botToken,
 			"GATEWAY_URL=" + s.gateway, "GATEWAY_KEY=" + hostKey, "GATEWAY_SECRET=" + gwSecret,

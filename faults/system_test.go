@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"hermeshost/internal/hosttest"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,18 +27,6 @@ import (
 // What the suite owns: a Postgres cluster, a dockerd, tmpfs mounts and the product's
 // processes, each started by the suite and stopped and removed when the test ends, even
 // when it fails.
-
-// freePort is a loopback port nobody listened on a moment ago: the suite's servers keep
-// their port across restarts, as their clients' URLs are fixed.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // run runs a command to its end and fails the test with its output on an error.
 func run(t testing.TB, name string, args ...string) string {
@@ -64,7 +52,7 @@ func startPostgres(t testing.TB, root string) *pgCluster {
 		t.Fatal("no Postgres server binaries (/usr/lib/postgresql/*/bin; apt-get install postgresql)")
 	}
 	sort.Strings(bins)
-	c := &pgCluster{dir: filepath.Join(root, "pg"), bin: filepath.Dir(bins[len(bins)-1]), port: freePort(t)}
+	c := &pgCluster{dir: filepath.Join(root, "pg"), bin: filepath.Dir(bins[len(bins)-1]), port: hosttest.FreePort(t)}
 	if err := os.Mkdir(c.dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func runHostileAgent(t *testing.T, orgs, agent string, install func(script strin
 	if err != nil || pg.Port() == "" {
 		t.Fatal("the test database's URL names no port")
 	}
-	launcherPort, controlPort, backendPort, widePort := freeTCPPort(t), freeTCPPort(t), freeTCPPort(t), wideService(t)
+	launcherPort, controlPort, backendPort, widePort := strconv.Itoa(hosttest.FreePort(t)), strconv.Itoa(hosttest.FreePort(t)), strconv.Itoa(hosttest.FreePort(t)), wideService(t)
 	script := strings.NewReplacer("@WIDEPORT@", widePort, "@PGPORT@", pg.Port(), "@LAUNCHERPORT@", launcherPort, "@CONTROLPORT@", controlPort,
 		"@BACKENDPORT@", backendPort, "@OTHERHOME@", filepath.Join(orgs, "globex"), "@ORGSROOT@", orgs).Replace(hostileProbe)
 	install(script)
@@ -279,15 +279,4 @@ func checkContained(t *testing.T, log string, ports probedPorts) {
 			t.Errorf("reached.log lacks %q", want)
 		}
 	}
-}
-
-// freeTCPPort is a loopback port nothing listens on now.
-func freeTCPPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
