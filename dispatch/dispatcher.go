@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,13 +137,19 @@ type Dispatcher struct {
 	dash     dashboardsHere
 	stopping bool
 
-	// ready are the orgs whose run here just ended: Run's side loop takes the next step
-	// for each at once (wake, one pending request is enough) instead of at the next tick.
-	ready map[string]bool
-	wake  chan struct{}
+	// ready are the orgs whose run here just ended, in the order they ended (readySet
+	// marks them): Run's ready loop takes each one's next step as soon as one of its
+	// stepConcurrency slots is free, instead of at the next tick. wake says one was added
+	// (one pending request is enough).
+	ready    []string
+	readySet map[string]bool
+	wake     chan struct{}
 	// working are the orgs a step is being taken for: a cycle and the ready loop never
-	// work one org at the same time. acquiring counts the org: leases being taken.
+	// work one org at the same time. again are those a ready step found a cycle working:
+	// the cycle's snapshot predates the run's end, so the org is kicked again when the
+	// cycle's step ends. acquiring counts the org: leases being taken.
 	working   map[string]bool
+	again     map[string]bool
 	acquiring int
 
 	// hard ends every delivery at once: the last step of a shutdown.
@@ -245,9 +250,10 @@ func New(cfg Config) *Dispatcher {
 		inFlight: map[string]*delivery{},
 		backoff:  map[string]backoff{},
 		dash:     newDashboardsHere(),
-		ready:    map[string]bool{},
+		readySet: map[string]bool{},
 		wake:     make(chan struct{}, 1),
 		working:  map[string]bool{},
+		again:    map[string]bool{},
 		hard:     hard, hardStop: hardStop,
 	}
 }
@@ -255,7 +261,10 @@ func New(cfg Config) *Dispatcher {
 // kick asks Run for org's next step now: its run here ended and its slot is free.
 func (d *Dispatcher) kick(org string) {
 	d.mu.Lock()
-	d.ready[org] = true
+	if !d.readySet[org] {
+		d.readySet[org] = true
+		d.ready = append(d.ready, org)
+	}
 	d.mu.Unlock()
 	select {
 	case d.wake <- struct{}{}:
@@ -331,19 +340,20 @@ func (d *Dispatcher) Cycle(ctx context.Context) (int, error) {
 			snap.others[strings.TrimPrefix(in.Key, "org:")] = true
 		}
 	}
-	started, err := d.steps(ctx, snap.orgs, func(string) (*snapshot, error) { return snap, nil })
+	started, err := d.steps(ctx, snap.orgs, snap)
 	d.releaseIdle(ctx, snap)
 	return started, err
 }
 
-// stepConcurrency is how many orgs' steps a cycle or the ready loop takes at once. A step
-// is a few round trips to Postgres and the backend; taken one org after another, a cycle
-// over 100 orgs under load took 10-20 s, and every org waited for the ones before it.
+// stepConcurrency is how many orgs' steps a cycle, and apart from it the ready loop, takes
+// at once. A step is a few round trips to Postgres and the backend; taken one org after
+// another, a cycle over 100 orgs under load took 10-20 s, and every org waited for the ones
+// before it.
 const stepConcurrency = 8
 
-// steps works each of orgs (in order, up to stepConcurrency at once) on the snapshot
-// snapOf gives it, and answers how many jobs started.
-func (d *Dispatcher) steps(ctx context.Context, orgs []string, snapOf func(org string) (*snapshot, error)) (int, error) {
+// steps works each of orgs (in order, up to stepConcurrency at once) on snap, and answers
+// how many jobs started.
+func (d *Dispatcher) steps(ctx context.Context, orgs []string, snap *snapshot) (int, error) {
 	var (
 		started atomic.Int64
 		mu      sync.Mutex
@@ -358,12 +368,9 @@ func (d *Dispatcher) steps(ctx context.Context, orgs []string, snapOf func(org s
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			snap, err := snapOf(org)
-			if err == nil {
-				var ok bool
-				if ok, err = d.work(ctx, org, snap); ok {
-					started.Add(1)
-				}
+			ok, err := d.work(ctx, org, snap, false)
+			if ok {
+				started.Add(1)
 			}
 			if err != nil {
 				mu.Lock()
@@ -376,39 +383,44 @@ func (d *Dispatcher) steps(ctx context.Context, orgs []string, snapOf func(org s
 	return int(started.Load()), errors.Join(errs...)
 }
 
-// cycleReady takes the next step for each org whose run here ended since the last call,
-// as a cycle would but from a poll of that org's jobs alone: its next job starts at once,
-// not at the next tick after a poll of every org's. An org not owned here any more is left
-// to the cycles.
-func (d *Dispatcher) cycleReady(ctx context.Context) (int, error) {
+// nextReady takes the org kicked longest ago that is still owned here; an org not owned
+// here any more is left to the cycles.
+func (d *Dispatcher) nextReady() (string, bool) {
 	d.mu.Lock()
-	var orgs []string
-	for org := range d.ready {
+	defer d.mu.Unlock()
+	for len(d.ready) > 0 {
+		org := d.ready[0]
+		d.ready = d.ready[1:]
+		delete(d.readySet, org)
 		if d.owned[org] != nil {
-			orgs = append(orgs, org)
+			return org, true
 		}
 	}
-	clear(d.ready)
-	d.mu.Unlock()
-	if len(orgs) == 0 || !d.cfg.ClaimEnabled || d.isStopping() {
-		return 0, nil
+	d.ready = nil // the backing array of a long queue is not kept
+	return "", false
+}
+
+// readyStep takes the next step for an org whose run here ended, as a cycle would but from
+// a poll of that org's jobs alone: its next job starts at once, not at the next tick after
+// a poll of every org's.
+func (d *Dispatcher) readyStep(ctx context.Context, org string) error {
+	if !d.cfg.ClaimEnabled || d.isStopping() {
+		return nil
 	}
-	slices.Sort(orgs)
 	if err := gateway.Gate(ctx, d.cfg.HTTP, d.cfg.GatewayURL, d.cfg.GatewayKey.Reveal(), d.cfg.WorkerModel, d.cfg.VisionModel); err != nil {
 		d.metrics.gateClosed.Inc()
-		return 0, fmt.Errorf("%w: %v", ErrGateClosed, err)
+		return fmt.Errorf("%w: %v", ErrGateClosed, err)
 	}
-	d.metrics.readySteps.Add(float64(len(orgs)))
-	return d.steps(ctx, orgs, func(org string) (*snapshot, error) {
-		snap, err := d.poll(ctx, sartiq.ListJobsParams{OrganizationID: org,
-			Status: sartiq.StatusQueued + "," + sartiq.StatusClaimed + "," + sartiq.StatusRunning})
-		if err != nil {
-			return nil, err
-		}
-		// Owned orgs only: one whose lease was lost since is the cycles' to own again.
-		snap.others = map[string]bool{org: true}
-		return snap, nil
-	})
+	d.metrics.readySteps.Inc()
+	snap, err := d.poll(ctx, sartiq.ListJobsParams{OrganizationID: org,
+		Status: sartiq.StatusQueued + "," + sartiq.StatusClaimed + "," + sartiq.StatusRunning})
+	if err != nil {
+		return err
+	}
+	// Owned orgs only: one whose lease was lost since is the cycles' to own again.
+	snap.others = map[string]bool{org: true}
+	_, err = d.work(ctx, org, snap, true)
+	return err
 }
 
 // poll lists jobs of every type with p's filter, following cursors.
@@ -450,10 +462,14 @@ func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapsh
 // work takes one step for org: nothing while a job of its is in flight here, while
 // another replica owns it or while a step for it is being taken already (by a cycle or
 // the ready loop); else, under its org: lease, re-claim a stale job or claim the oldest
-// queued one. It reports whether a job started.
-func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool, error) {
+// queued one. It reports whether a job started. A ready step (ready) that finds a cycle
+// working org has it kicked again when the cycle's step ends.
+func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot, ready bool) (bool, error) {
 	d.mu.Lock()
 	if d.working[org] {
+		if ready {
+			d.again[org] = true
+		}
 		d.mu.Unlock()
 		return false, nil
 	}
@@ -462,7 +478,12 @@ func (d *Dispatcher) work(ctx context.Context, org string, snap *snapshot) (bool
 	defer func() {
 		d.mu.Lock()
 		delete(d.working, org)
+		again := d.again[org]
+		delete(d.again, org)
 		d.mu.Unlock()
+		if again {
+			d.kick(org)
+		}
 	}()
 	return d.step(ctx, org, snap)
 }

@@ -7,9 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -413,6 +417,91 @@ func TestAnOrgsNextJobStartsWhenItsLastEndsNotAtTheNextPoll(t *testing.T) {
 	if n := counterValue(t, reg, "hermes_dispatch_ready_steps_total"); n < 2 {
 		t.Errorf("hermes_dispatch_ready_steps_total is %v, want a step for each org's second job at least", n)
 	}
+}
+
+// An org whose run ends while another org's next step is slow gets its own next step at
+// once, beside the slow one, not after it. acme's run ends first and its step hangs on a
+// slow backend (its poll held until the test lets it go); globex's run, slowed by its
+// agent, ends after that, and its second job is claimed while acme's step still hangs.
+// Taken as batches, globex waited for acme's batch to end (at the scale run's load, about
+// 24 s after a crashed run before the next claim).
+func TestAnOrgWhoseRunEndsIsNotHeldBehindAnotherOrgsSlowStep(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	writeKnobs(t, f, "globex", &scriptedagent.Knobs{StepMS: 1500})
+	held, release, heldEnded := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var holding sync.Once
+	upstream, err := url.Parse(f.backend.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The backend writes its own address into a claim's links: the proxy is not seen.
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(upstream) }}
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if q.Get("organization_id") == "acme" && strings.Contains(q.Get("status"), sartiq.StatusQueued) {
+			first := false
+			holding.Do(func() { first = true })
+			if first {
+				close(held)
+				defer close(heldEnded)
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(slow.Close)
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	if f.cfg.Bot, err = sartiq.New(slow.URL, backendtest.BotToken); err != nil {
+		t.Fatal(err)
+	}
+	d := f.dispatcher(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Run(ctx, dispatch.RunOptions{Poll: time.Hour})
+	}()
+	t.Cleanup(func() {
+		letGo()
+		cancel()
+		<-done
+	})
+
+	select {
+	case <-held:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("acme's first job never ended into a step of the ready loop")
+	}
+	if n := f.jobsOf(t, "globex")[sartiq.StatusCompleted]; n != 0 {
+		t.Fatalf("globex's first job had completed (%d) before acme's step began: the test's order did not hold (raise globex's step_ms)", n)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the dispatcher's log:\n%s", f.logs.String())
+		}
+	})
+	waitFor(t, 2*time.Minute, "globex's second job to be claimed while acme's step hangs", func() bool {
+		select {
+		case <-heldEnded:
+			t.Fatal("acme's held poll ended (its client gave up on it) before globex's second job was claimed")
+		default:
+		}
+		return f.jobsOf(t, "globex")[sartiq.StatusQueued] == 0
+	})
+	if n := f.jobsOf(t, "acme")[sartiq.StatusQueued]; n != 1 {
+		t.Fatalf("acme has %d queued jobs while its step hangs, want its second still queued", n)
+	}
+	letGo()
+	waitFor(t, 2*time.Minute, "every job to complete once acme's step goes on", func() bool {
+		return f.statuses(t)[sartiq.StatusCompleted] == 4
+	})
 }
 
 // A cycle takes several orgs' steps at once, yet never owns more than MAX_ORGS: an acquire
