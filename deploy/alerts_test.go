@@ -26,6 +26,7 @@ import (
 	"hermeshost/gateway"
 	"hermeshost/internal/egress"
 	"hermeshost/lease"
+	"hermeshost/pg"
 	"hermeshost/service"
 	"hermeshost/subagent"
 )
@@ -419,6 +420,9 @@ func processRegistries(t *testing.T) registries {
 	t.Cleanup(pool.Close)
 	d := service.NewOps(log)
 	rec := recorder{reg: d.Registry, labels: p.labels}
+	if err := pg.RegisterPoolMetrics(rec, pool); err != nil {
+		t.Fatal(err)
+	}
 	leases := lease.New(pool, lease.Options{Log: log, Registerer: rec})
 	t.Cleanup(leases.Close)
 	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: rec})

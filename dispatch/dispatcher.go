@@ -10,6 +10,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -288,8 +290,8 @@ func (d *Dispatcher) Holder() string { return d.holder }
 // ErrGateClosed: the gateway is down or does not serve both models; nothing was polled.
 var ErrGateClosed = errors.New("gateway gate closed")
 
-// snapshot is one poll: every QUEUED, CLAIMED and RUNNING job, by org, in the backend's
-// order (oldest first).
+// snapshot is one poll: every QUEUED, CLAIMED and RUNNING job, by org, oldest first of
+// every type; orgs are in the order of their oldest job.
 type snapshot struct {
 	orgs   []string
 	queued map[string][]sartiq.Job
@@ -456,6 +458,21 @@ func (d *Dispatcher) poll(ctx context.Context, p sartiq.ListJobsParams) (*snapsh
 			p.Cursor = res.NextCursor
 		}
 	}
+	// The backend lists one type at a time, each oldest first: across types, the oldest
+	// job comes first too (a crashed job queued again keeps its place ahead of newer jobs
+	// of another type), and so does the org whose oldest job is oldest.
+	oldest := map[string]time.Time{}
+	for _, org := range snap.orgs {
+		for _, jobs := range [][]sartiq.Job{snap.queued[org], snap.active[org]} {
+			slices.SortStableFunc(jobs, func(a, b sartiq.Job) int {
+				return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+			})
+			if len(jobs) > 0 && (oldest[org].IsZero() || jobs[0].CreatedAt.Before(oldest[org])) {
+				oldest[org] = jobs[0].CreatedAt
+			}
+		}
+	}
+	slices.SortStableFunc(snap.orgs, func(a, b string) int { return oldest[a].Compare(oldest[b]) })
 	return snap, nil
 }
 

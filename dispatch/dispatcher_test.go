@@ -504,6 +504,39 @@ func TestAnOrgWhoseRunEndsIsNotHeldBehindAnotherOrgsSlowStep(t *testing.T) {
 	})
 }
 
+// An org's oldest queued job is claimed first whatever its type: the backend lists one
+// type at a time, and a crashed job of the second type listed, queued again, waited behind
+// a newer job of the first (the scale run of 2026-12-07: a killed worker's job ran after
+// its org's next one, 109 s after the kill). acme's oldest job is its guidelines job,
+// globex's its product job.
+func TestAnOrgsOldestQueuedJobIsClaimedFirstWhateverItsType(t *testing.T) {
+	f := newFixture(t, true)
+	f.cfg.ClaimEnabled = true
+	ctx := t.Context()
+	oldest := map[string]string{"acme": sartiq.TypeGuidelinesExtraction, "globex": sartiq.TypeProductIngest}
+	for org, typ := range oldest {
+		if tag, err := f.backend.DB.Exec(ctx, `UPDATE agent_jobs SET created_at = created_at - interval '1 hour'
+			WHERE organization_id = $1 AND type = $2`, org, typ); err != nil || tag.RowsAffected() != 1 {
+			t.Fatalf("age %s's %s job: %v, %d rows", org, typ, err, tag.RowsAffected())
+		}
+	}
+	d := f.dispatcher(t)
+	if n, err := d.Cycle(ctx); err != nil || n != 2 {
+		t.Fatalf("cycle started %d, %v; want one job per org", n, err)
+	}
+	d.Wait()
+	for org, typ := range oldest {
+		var claimed string
+		if err := f.backend.DB.QueryRow(ctx, `SELECT string_agg(type, ',') FROM agent_jobs
+			WHERE organization_id = $1 AND status <> 'QUEUED'`, org).Scan(&claimed); err != nil {
+			t.Fatal(err)
+		}
+		if claimed != typ {
+			t.Errorf("%s: claimed %q first, want its oldest job, of type %s", org, claimed, typ)
+		}
+	}
+}
+
 // A cycle takes several orgs' steps at once, yet never owns more than MAX_ORGS: an acquire
 // under way holds its place.
 func TestACycleOwnsNoMoreThanMaxOrgs(t *testing.T) {

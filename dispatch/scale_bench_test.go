@@ -34,6 +34,7 @@ import (
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/migrations"
 	"hermeshost/pg"
 	"hermeshost/pg/pgtest"
 	"hermeshost/sartiq"
@@ -129,6 +130,7 @@ type scaleWorld struct {
 	killOrgs map[string]bool
 	ds       []*dispatch.Dispatcher
 	regs     []*prometheus.Registry // the dispatchers', in ds's order
+	hostURL  string                 // the host's schema, for each dispatcher's own pool
 	docker   *client.Client
 
 	jobsMu sync.Mutex
@@ -266,7 +268,8 @@ func newScaleWorld(b *testing.B, kind string) *scaleWorld {
 		b.Fatal(err)
 	}
 	w.bot = bot
-	_, hostDB := pgtest.Schema(b)
+	hostURL, hostDB := pgtest.Schema(b)
+	w.hostURL = hostURL
 	root := b.TempDir()
 	log := scaleLog(b, "dispatchers")
 	rc := runtime.Config{
@@ -314,6 +317,17 @@ func (w *scaleWorld) dispatcher(b *testing.B, instance string) *dispatch.Dispatc
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	w.regs = append(w.regs, reg)
+	// A pool of its own, as a dispatcher process has: sharing one, the two dispatchers'
+	// lease refreshes queued behind both one's steps.
+	pool, _, err := pg.Open(b.Context(), w.hostURL, migrations.Host.DefaultSchema)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	if err := pg.RegisterPoolMetrics(reg, pool); err != nil {
+		b.Fatal(err)
+	}
+	cfg.DB = pool
 	d := dispatch.New(cfg)
 	b.Cleanup(d.Close)
 	return d
@@ -597,6 +611,8 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 			if n := after.keepRounds - before.keepRounds; n > 0 {
 				b.ReportMetric((after.keepSum-before.keepSum)/float64(n), fmt.Sprintf("keep-round-mean-s-%c", 'a'+i))
 			}
+			// Seconds its queries waited, in all, for a connection of its pool.
+			b.ReportMetric(after.poolWait-before.poolWait, fmt.Sprintf("db-pool-wait-s-%c", 'a'+i))
 		}
 		// Org leases that lapsed during the round, from lease_events: taken over by the other
 		// dispatcher, or expired (the sweeper's event) and acquired anew.
@@ -680,6 +696,7 @@ type cycleTotals struct {
 	sum, ready float64
 	keepRounds uint64  // rounds refreshing the org: leases
 	keepSum    float64 // their seconds
+	poolWait   float64 // seconds waited for a connection of the dispatcher's pool
 }
 
 // cycleTotals reads each dispatcher's totals from its registry, in ds's order.
@@ -697,6 +714,8 @@ func (w *scaleWorld) cycleTotals(b *testing.B) []cycleTotals {
 				out[i].count, out[i].sum = h.GetSampleCount(), h.GetSampleSum()
 			case "hermes_dispatch_ready_steps_total":
 				out[i].ready = mf.GetMetric()[0].GetCounter().GetValue()
+			case "hermes_db_pool_empty_acquire_wait_seconds_total":
+				out[i].poolWait = mf.GetMetric()[0].GetCounter().GetValue()
 			case "hermes_dispatch_org_lease_refresh_round_seconds":
 				h := mf.GetMetric()[0].GetHistogram()
 				out[i].keepRounds, out[i].keepSum = h.GetSampleCount(), h.GetSampleSum()

@@ -202,6 +202,9 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	}
 	defer pool.Close()
 	ops.Health.Probe("database", pool.Ping)
+	if err := pg.RegisterPoolMetrics(ops.Registry, pool); err != nil {
+		return err
+	}
 	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
 	defer leases.Close()
 	kept, err := holdInstance(ctx, leases, s.instance, s.leaseTTL, log)

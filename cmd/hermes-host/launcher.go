@@ -34,6 +34,10 @@ func runLauncher(ctx context.Context, ops *service.Ops, s launcherSettings, addr
 		return nil, nil, err
 	}
 	ops.Health.Probe("database", pool.Ping)
+	if err := pg.RegisterPoolMetrics(ops.Registry, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	opStore, err := operator.New(pool, 0)
 	if err != nil {
 		pool.Close()
