@@ -355,16 +355,17 @@ func (r recorder) Register(c prometheus.Collector) error {
 	}
 	ch := make(chan *prometheus.Desc, 16)
 	go func() { c.Describe(ch); close(ch) }()
-	descRE := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}\}$`)
+	// Const labels (a pool's name) read as pool="main"; variable ones by name alone.
+	descRE := regexp.MustCompile(`fqName: "([^"]+)".*constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}\}$`)
 	for d := range ch {
 		m := descRE.FindStringSubmatch(d.String())
 		if m == nil {
 			continue
 		}
 		var labels []string
-		for _, l := range strings.Split(m[2], ",") {
-			if l != "" {
-				labels = append(labels, l)
+		for _, l := range strings.Split(m[2]+","+m[3], ",") {
+			if name, _, _ := strings.Cut(l, "="); name != "" && !slices.Contains(labels, name) {
+				labels = append(labels, name)
 			}
 		}
 		r.labels[m[1]] = labels
@@ -420,14 +421,19 @@ func processRegistries(t *testing.T) registries {
 	t.Cleanup(pool.Close)
 	d := service.NewOps(log)
 	rec := recorder{reg: d.Registry, labels: p.labels}
-	if err := pg.RegisterPoolMetrics(rec, pool); err != nil {
+	if err := pg.RegisterPoolMetrics(rec, pg.MainPool, pool); err != nil {
 		t.Fatal(err)
 	}
-	leases := lease.New(pool, lease.Options{Log: log, Registerer: rec})
+	if err := pg.RegisterPoolMetrics(rec, pg.LeasePool, pool); err != nil {
+		t.Fatal(err)
+	}
+	leases := lease.New(pool, lease.Options{Log: log, Registerer: rec, KeepPool: pool})
 	t.Cleanup(leases.Close)
+	agentLeases := lease.New(pool, lease.Options{Log: log, Registerer: rec})
+	t.Cleanup(agentLeases.Close)
 	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: rec})
 	t.Cleanup(subagents.Close)
-	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subagents, Secret: "deploy-test-secret", Log: log, Registerer: rec})
+	ctl, err := control.NewServer(control.Config{DB: pool, Leases: agentLeases, Subagents: subagents, Secret: "deploy-test-secret", Log: log, Registerer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

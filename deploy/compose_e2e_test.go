@@ -268,6 +268,17 @@ func TestComposeTopologyRunsForReal(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^hermes_dispatch_claims_total\{kind="claim"\} [1-9]`).MatchString(metrics) {
 		t.Errorf("dispatcher /metrics counts no claims:\n%s", grepLines(metrics, "hermes_dispatch_"))
 	}
+	// Its own leases are kept on a pool of their own beside the main one: the claim's
+	// refresh of acme's org: lease and the release of its home: lease went through it
+	// (beyond the ping that opened it).
+	for _, want := range []string{`hermes_db_pool_max_conns{pool="main"} 16`, `hermes_db_pool_max_conns{pool="leases"} 4`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("dispatcher /metrics lacks %q:\n%s", want, grepLines(metrics, "hermes_db_pool_"))
+		}
+	}
+	if m := regexp.MustCompile(`(?m)^hermes_db_pool_acquires_total\{pool="leases"\} (\d+)`).FindStringSubmatch(metrics); m == nil || m[1] == "0" || m[1] == "1" {
+		t.Errorf("the dispatcher's lease pool served no refresh or release:\n%s", grepLines(metrics, "hermes_db_pool_"))
+	}
 	// acme's dashboard's own metrics, from its socket in its unit, with acme's label.
 	_, dashMetrics := get(t, fmt.Sprintf("http://%s:8092/metrics/dashboards", up.ip(ctx, "dispatcher", "hermes")))
 	for _, want := range []string{`hermes_dashboard_scrape_up{org="acme"} 1`, `http_requests_total{`} {

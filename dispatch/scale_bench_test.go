@@ -30,10 +30,12 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
 	"hermeshost/gateway"
+	"hermeshost/lease"
 	"hermeshost/migrations"
 	"hermeshost/pg"
 	"hermeshost/pg/pgtest"
@@ -324,10 +326,21 @@ func (w *scaleWorld) dispatcher(b *testing.B, instance string) *dispatch.Dispatc
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	if err := pg.RegisterPoolMetrics(reg, pool); err != nil {
+	if err := pg.RegisterPoolMetrics(reg, pg.MainPool, pool); err != nil {
 		b.Fatal(err)
 	}
-	cfg.DB = pool
+	// And its own leases on a pool of their own, as cmd/hermes-host's dispatcher keeps them.
+	keepPool, _, err := pg.OpenWith(b.Context(), w.hostURL, migrations.Host.DefaultSchema, pg.Options{MaxConns: lease.KeepPoolConns, Name: pg.LeasePool})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(keepPool.Close)
+	if err := pg.RegisterPoolMetrics(reg, pg.LeasePool, keepPool); err != nil {
+		b.Fatal(err)
+	}
+	leases := lease.New(pool, lease.Options{Log: cfg.Log, Registerer: reg, KeepPool: keepPool})
+	b.Cleanup(leases.Close)
+	cfg.DB, cfg.Leases = pool, leases
 	d := dispatch.New(cfg)
 	b.Cleanup(d.Close)
 	return d
@@ -613,6 +626,7 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 			}
 			// Seconds its queries waited, in all, for a connection of its pool.
 			b.ReportMetric(after.poolWait-before.poolWait, fmt.Sprintf("db-pool-wait-s-%c", 'a'+i))
+			b.ReportMetric(after.keepWait-before.keepWait, fmt.Sprintf("db-lease-pool-wait-s-%c", 'a'+i))
 		}
 		// Org leases that lapsed during the round, from lease_events: taken over by the other
 		// dispatcher, or expired (the sweeper's event) and acquired anew.
@@ -696,7 +710,18 @@ type cycleTotals struct {
 	sum, ready float64
 	keepRounds uint64  // rounds refreshing the org: leases
 	keepSum    float64 // their seconds
-	poolWait   float64 // seconds waited for a connection of the dispatcher's pool
+	poolWait   float64 // seconds waited for a connection of the dispatcher's main pool
+	keepWait   float64 // and of the pool it keeps its leases on
+}
+
+// poolLabel is a hermes_db_pool_* sample's pool.
+func poolLabel(m *dto.Metric) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == "pool" {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 // cycleTotals reads each dispatcher's totals from its registry, in ds's order.
@@ -715,7 +740,14 @@ func (w *scaleWorld) cycleTotals(b *testing.B) []cycleTotals {
 			case "hermes_dispatch_ready_steps_total":
 				out[i].ready = mf.GetMetric()[0].GetCounter().GetValue()
 			case "hermes_db_pool_empty_acquire_wait_seconds_total":
-				out[i].poolWait = mf.GetMetric()[0].GetCounter().GetValue()
+				for _, m := range mf.GetMetric() {
+					switch poolLabel(m) {
+					case pg.MainPool:
+						out[i].poolWait = m.GetCounter().GetValue()
+					case pg.LeasePool:
+						out[i].keepWait = m.GetCounter().GetValue()
+					}
+				}
 			case "hermes_dispatch_org_lease_refresh_round_seconds":
 				h := mf.GetMetric()[0].GetHistogram()
 				out[i].keepRounds, out[i].keepSum = h.GetSampleCount(), h.GetSampleSum()

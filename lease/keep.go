@@ -74,7 +74,11 @@ func (s *Store) Keep(ctx context.Context, l Lease, ttl time.Duration) *Kept {
 				return
 			}
 			sent := time.Now()
-			next, err := s.Refresh(kctx, k.Lease(), ttl)
+			// A refresh still waiting (for a connection, a row lock) when the lease may have
+			// expired is given up: the work must stop then, not when the refresh returns.
+			rctx, rcancel := context.WithDeadline(kctx, deadline)
+			next, err := s.Refresh(rctx, k.Lease(), ttl)
+			rcancel()
 			switch {
 			case err == nil:
 				k.mu.Lock()

@@ -26,9 +26,28 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"namespace"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.refused, m.contended, m.wait)
+		// A process's Stores count together: one registered before gives its collectors.
+		m.events = register(reg, m.events)
+		m.refused = register(reg, m.refused)
+		m.contended = register(reg, m.contended)
+		m.wait = register(reg, m.wait)
 	}
 	return m
+}
+
+// register registers c with reg, or returns the collector registered already under the
+// same name and labels.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	if err != nil {
+		panic(err) // a name taken by another kind of metric: a programming error, as MustRegister's
+	}
+	return c
 }
 
 func (m *metrics) event(kind, key string) { m.events.WithLabelValues(kind, Namespace(key)).Inc() }

@@ -19,7 +19,10 @@ import (
 
 // Store is the lease table of one database.
 type Store struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// keep runs the statements that keep or give up a holding (Refresh, RefreshAll,
+	// Release, and so Keep's refreshes): Options.KeepPool, else pool.
+	keep    *pgxpool.Pool
 	log     *slog.Logger
 	metrics *metrics
 	poll    time.Duration
@@ -40,7 +43,18 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Poll is how often a waiting Acquire retries when no notification arrives (1s).
 	Poll time.Duration
+	// KeepPool, when set, is a small pool of the same database kept for refreshing and
+	// releasing this Store's holdings, so that a holder whose main pool is busy (a
+	// dispatcher's steps and mirror writes) never lets a lease lapse while its refresh
+	// waits for a connection. Give it to the Store of a holder's own leases only: requests
+	// made for others (the control API's, for agents) would queue in it.
+	KeepPool *pgxpool.Pool
 }
+
+// KeepPoolConns is the size of a dispatcher's KeepPool. Its statements are one short
+// UPDATE each, a few per second at 200 orgs running: four connections leave room for a
+// round of org: leases, the instance's lease and every run's home: lease at once.
+const KeepPoolConns = 4
 
 // New is a Store on pool.
 func New(pool *pgxpool.Pool, opts Options) *Store {
@@ -51,8 +65,12 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 		opts.Poll = time.Second
 	}
 	schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
+	keep := opts.KeepPool
+	if keep == nil {
+		keep = pool
+	}
 	return &Store{
-		pool: pool, log: opts.Log, metrics: newMetrics(opts.Registerer), poll: opts.Poll,
+		pool: pool, keep: keep, log: opts.Log, metrics: newMetrics(opts.Registerer), poll: opts.Poll,
 		channel: "hermes_lease_free_" + schema[:min(len(schema), 40)],
 	}
 }
@@ -195,7 +213,7 @@ func (s *Store) RefreshAll(ctx context.Context, ls []Lease, ttl time.Duration) (
 	if len(ls) == 0 {
 		return nil, nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.keep.Query(ctx, `
 WITH want AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS w(key, holder, epoch, secret_hash)
 ), up AS (
@@ -246,7 +264,7 @@ func (s *Store) Release(ctx context.Context, l Lease) error {
 	if err := errors.Join(CheckKey(l.Key), CheckHolder(l.Holder)); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := s.keep.Exec(ctx, `
 WITH up AS (
     UPDATE leases SET holder = NULL, expires_at = NULL, acquired_at = NULL, updated_at = now()
      WHERE key = $1 AND holder = $2 AND epoch = $3 AND (secret_hash IS NULL OR secret_hash = $5)
@@ -262,7 +280,7 @@ SELECT CASE WHEN waited THEN pg_notify($4, key) END FROM up`, l.Key, l.Holder, l
 		s.metrics.event(KindRelease, l.Key)
 		return nil
 	}
-	info, err := s.Holder(ctx, l.Key)
+	info, err := s.holder(ctx, s.keep, l.Key)
 	if err != nil {
 		return fmt.Errorf("release %s: %w", l.Key, err)
 	}
@@ -323,7 +341,11 @@ func (s *Store) Holder(ctx context.Context, key string) (Info, error) {
 	if err := CheckKey(key); err != nil {
 		return Info{}, err
 	}
-	rows, err := s.pool.Query(ctx, selectInfo+` WHERE key = $1`, key)
+	return s.holder(ctx, s.pool, key)
+}
+
+func (s *Store) holder(ctx context.Context, pool *pgxpool.Pool, key string) (Info, error) {
+	rows, err := pool.Query(ctx, selectInfo+` WHERE key = $1`, key)
 	if err != nil {
 		return Info{}, fmt.Errorf("read lease %s: %w", key, err)
 	}

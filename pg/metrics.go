@@ -14,18 +14,28 @@ type poolCollector struct {
 	acquires, emptyAcquires, emptyWaitSec *prometheus.Desc
 }
 
-// RegisterPoolMetrics registers pool's statistics with reg as hermes_db_pool_*: its size
-// and the connections in use and idle, and the acquires, those that found the pool empty
-// and waited, and the seconds they waited in all.
-func RegisterPoolMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) error {
+// Pool names, the pool label of hermes_db_pool_*.
+const (
+	// MainPool is a process's pool for all its queries but those a smaller pool is kept for.
+	MainPool = "main"
+	// LeasePool is a dispatcher's pool for keeping its own leases (lease.Options.KeepPool).
+	LeasePool = "leases"
+)
+
+// RegisterPoolMetrics registers pool's statistics with reg as hermes_db_pool_*{pool=name}:
+// its size and the connections in use and idle, and the acquires, those that found the
+// pool empty and waited, and the seconds they waited in all. A process with two pools
+// registers each under its own name.
+func RegisterPoolMetrics(reg prometheus.Registerer, name string, pool *pgxpool.Pool) error {
+	l := prometheus.Labels{"pool": name}
 	return reg.Register(&poolCollector{
 		pool:          pool,
-		max:           prometheus.NewDesc("hermes_db_pool_max_conns", "Connections the Postgres pool may open.", nil, nil),
-		acquired:      prometheus.NewDesc("hermes_db_pool_acquired_conns", "Pool connections in use now.", nil, nil),
-		idle:          prometheus.NewDesc("hermes_db_pool_idle_conns", "Pool connections open and idle now.", nil, nil),
-		acquires:      prometheus.NewDesc("hermes_db_pool_acquires_total", "Connections taken from the pool.", nil, nil),
-		emptyAcquires: prometheus.NewDesc("hermes_db_pool_empty_acquires_total", "Acquires that found no idle connection and waited for one (to be opened or given back).", nil, nil),
-		emptyWaitSec:  prometheus.NewDesc("hermes_db_pool_empty_acquire_wait_seconds_total", "Seconds acquires that found the pool empty waited, in all.", nil, nil),
+		max:           prometheus.NewDesc("hermes_db_pool_max_conns", "Connections the Postgres pool may open.", nil, l),
+		acquired:      prometheus.NewDesc("hermes_db_pool_acquired_conns", "Pool connections in use now.", nil, l),
+		idle:          prometheus.NewDesc("hermes_db_pool_idle_conns", "Pool connections open and idle now.", nil, l),
+		acquires:      prometheus.NewDesc("hermes_db_pool_acquires_total", "Connections taken from the pool.", nil, l),
+		emptyAcquires: prometheus.NewDesc("hermes_db_pool_empty_acquires_total", "Acquires that found no idle connection and waited for one (to be opened or given back).", nil, l),
+		emptyWaitSec:  prometheus.NewDesc("hermes_db_pool_empty_acquire_wait_seconds_total", "Seconds acquires that found the pool empty waited, in all.", nil, l),
 	})
 }
 

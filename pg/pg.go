@@ -52,9 +52,31 @@ func Config(url, defaultSchema string) (*pgxpool.Config, string, error) {
 
 // Open connects a pool to url with its schema settled as Config does, and pings it.
 func Open(ctx context.Context, url, defaultSchema string) (*pgxpool.Pool, string, error) {
+	return OpenWith(ctx, url, defaultSchema, Options{})
+}
+
+// Options shape a pool beyond what its URL says.
+type Options struct {
+	// MaxConns, when positive, is the pool's size whatever the URL's pool_max_conns says:
+	// for a small pool kept for one kind of statement beside a process's main one.
+	MaxConns int32
+	// Name is added to the connections' application_name ("hermes-host-NAME"), so that
+	// pg_stat_activity tells the pools apart.
+	Name string
+}
+
+// OpenWith is Open with o applied.
+func OpenWith(ctx context.Context, url, defaultSchema string, o Options) (*pgxpool.Pool, string, error) {
 	cfg, schema, err := Config(url, defaultSchema)
 	if err != nil {
 		return nil, "", err
+	}
+	if o.MaxConns > 0 {
+		cfg.MaxConns = o.MaxConns
+		cfg.MinConns = min(cfg.MinConns, o.MaxConns)
+	}
+	if o.Name != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] += "-" + o.Name
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -202,11 +202,26 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	}
 	defer pool.Close()
 	ops.Health.Probe("database", pool.Ping)
-	if err := pg.RegisterPoolMetrics(ops.Registry, pool); err != nil {
+	if err := pg.RegisterPoolMetrics(ops.Registry, pg.MainPool, pool); err != nil {
 		return err
 	}
-	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
+	// The dispatcher's own leases (its instance's, its orgs', its runs' homes) are kept on
+	// a few connections of their own: on the main pool their refreshes queued behind the
+	// steps and mirror writes of 100 runs, and home: leases lapsed while they waited.
+	keepPool, _, err := pg.OpenWith(ctx, s.dbURL, migrations.Host.DefaultSchema, pg.Options{MaxConns: lease.KeepPoolConns, Name: pg.LeasePool})
+	if err != nil {
+		return err
+	}
+	defer keepPool.Close()
+	if err := pg.RegisterPoolMetrics(ops.Registry, pg.LeasePool, keepPool); err != nil {
+		return err
+	}
+	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry, KeepPool: keepPool})
 	defer leases.Close()
+	// The control API's lease requests are agents': on the main pool, never in the queue
+	// the dispatcher keeps its own leases in.
+	agentLeases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
+	defer agentLeases.Close()
 	kept, err := holdInstance(ctx, leases, s.instance, s.leaseTTL, log)
 	if err != nil {
 		return err
@@ -216,7 +231,7 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	ctx = kept.Context() // losing the instance's lease stops this dispatcher
 	subagents := subagent.New(pool, subagent.Options{Log: log, Registerer: ops.Registry})
 	defer subagents.Close()
-	ctl, err := control.NewServer(control.Config{DB: pool, Leases: leases, Subagents: subagents, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
+	ctl, err := control.NewServer(control.Config{DB: pool, Leases: agentLeases, Subagents: subagents, Secret: s.controlSecret, Log: log, Registerer: ops.Registry})
 	if err != nil {
 		return err
 	}

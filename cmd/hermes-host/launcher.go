@@ -34,7 +34,7 @@ func runLauncher(ctx context.Context, ops *service.Ops, s launcherSettings, addr
 		return nil, nil, err
 	}
 	ops.Health.Probe("database", pool.Ping)
-	if err := pg.RegisterPoolMetrics(ops.Registry, pool); err != nil {
+	if err := pg.RegisterPoolMetrics(ops.Registry, pg.MainPool, pool); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
