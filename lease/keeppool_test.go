@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,11 +19,7 @@ import (
 func TestLeasesAreKeptOnTheKeepPoolWhileTheMainPoolIsExhausted(t *testing.T) {
 	ctx := context.Background()
 	url, db := pgtest.Schema(t)
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	main, _, err := pg.Open(ctx, url+sep+"pool_max_conns=1", "")
+	main, _, err := pg.OpenWith(ctx, url, "", pg.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

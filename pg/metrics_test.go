@@ -12,7 +12,7 @@ import (
 	"hermeshost/pg/pgtest"
 )
 
-// withParam adds a query parameter to a Postgres URL.
+// withParam adds a query parameter to a Postgres URL (for a URL that says its pool's size).
 func withParam(url, param string) string {
 	if strings.Contains(url, "?") {
 		return url + "&" + param
@@ -24,7 +24,7 @@ func withParam(url, param string) string {
 // pool of one connection, held while a second query asks for it.
 func TestPoolMetricsCountAcquiresThatWaited(t *testing.T) {
 	ctx := t.Context()
-	pool, _, err := pg.Open(ctx, withParam(pgtest.URL(t), "pool_max_conns=1"), pgtest.SharedSchema)
+	pool, _, err := pg.OpenWith(ctx, pgtest.URL(t), pgtest.SharedSchema, pg.Options{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,8 +60,8 @@ type Options struct {
 	// MaxConns, when positive, is the pool's size whatever the URL's pool_max_conns says:
 	// for a small pool kept for one kind of statement beside a process's main one.
 	MaxConns int32
-	// Name is added to the connections' application_name ("hermes-host-NAME"), so that
-	// pg_stat_activity tells the pools apart.
+	// Name is added to the connections' application_name ("hermes-host-NAME" unless the
+	// URL names the application), so that pg_stat_activity tells the pools apart.
 	Name string
 }
 
