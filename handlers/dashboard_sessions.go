@@ -49,6 +49,7 @@ func (h *Dashboard) HermesSessions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v.Busy = page.Status == orghome.StatusBusy
+	v.Interrupted = page.Status == orghome.StatusInterrupted
 	v.Groups = h.groupHermesSessions(page.Sessions)
 	if page.NextCursor != "" {
 		v.Next = h.Paths().PageWith("/sessions", searchValues(query.Search, page.NextCursor))

@@ -27,6 +27,8 @@ func (h *Dashboard) Skills(w http.ResponseWriter, r *http.Request) {
 	used := map[string]orghome.SkillUse{}
 	uses, err := h.Home.SkillUsage(r.Context(), h.Bundled)
 	switch {
+	case errors.Is(err, orghome.ErrStateInterrupted):
+		v.UsageNote = "Last use is not shown: state.db holds a write Hermes did not finish, which it rolls back when it next starts in this home (the organization's next job or chat)."
 	case errors.Is(err, orghome.ErrStateBusy):
 		v.UsageNote = "Last use is not shown: state.db is busy (Hermes is checkpointing it); reload the page in a moment."
 	case err != nil:

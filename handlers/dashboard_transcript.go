@@ -61,8 +61,9 @@ func (h *Dashboard) HermesTranscript(w http.ResponseWriter, r *http.Request) {
 		h.Failed(w, r, err)
 		return
 	}
-	v := templates.TranscriptView{Frame: h.frame(r.Context(), templates.NavSessions), Busy: t.Status == orghome.StatusBusy}
-	if v.Busy {
+	v := templates.TranscriptView{Frame: h.frame(r.Context(), templates.NavSessions),
+		Busy: t.Status == orghome.StatusBusy, Interrupted: t.Status == orghome.StatusInterrupted}
+	if v.Busy || v.Interrupted {
 		h.Render(w, r, http.StatusOK, templates.DashboardTranscript(v))
 		return
 	}

@@ -34,6 +34,13 @@ var ErrSessionNotFound = errors.New("session not found")
 // dashboard shows this and the operator tries again.
 const StatusBusy = "busy, try again"
 
+// StatusInterrupted is the Status of a page the database cannot answer until Hermes opens
+// it again: a write of Hermes' was cut off (the process killed mid-transaction) and left a
+// hot journal, or a WAL only a writer can recover. The host, which never writes state.db,
+// cannot roll it back; Hermes does when it next starts in the home (the org's next job or
+// chat), and nothing it committed is lost.
+const StatusInterrupted = "interrupted write: Hermes recovers it when it next starts"
+
 // StateFile is Hermes' session store in a home (WAL mode: beside it its -wal and -shm).
 const StateFile = "state.db"
 
@@ -123,6 +130,33 @@ func (h *Home) openState(busyTimeout time.Duration) (*StateDB, error) {
 func (s *StateDB) Close() error {
 	s.cache.close()
 	return s.db.Close()
+}
+
+// stateStatus is the page Status a read error stands for: StatusBusy or StatusInterrupted,
+// or "" for an error that is no state of Hermes'.
+func stateStatus(err error) string {
+	switch {
+	case isInterrupted(err):
+		return StatusInterrupted
+	case isBusy(err):
+		return StatusBusy
+	}
+	return ""
+}
+
+// isInterrupted says whether a SQLite error means "a write Hermes did not finish is in the
+// way, and only a read-write open recovers it": a read-only connection meeting a hot
+// journal, or a WAL that needs recovery it cannot write.
+func isInterrupted(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() {
+	case sqlite3.SQLITE_READONLY_ROLLBACK, sqlite3.SQLITE_READONLY_RECOVERY, sqlite3.SQLITE_READONLY_CANTINIT:
+		return true
+	}
+	return false
 }
 
 // isBusy says whether a SQLite error means "Hermes holds the database right now".
@@ -288,7 +322,7 @@ type SessionQuery struct {
 type SessionPage struct {
 	Sessions   []Session
 	NextCursor string // empty on the last page
-	Status     string // StatusBusy when the database could not answer; Sessions is then empty
+	Status     string // StatusBusy or StatusInterrupted when the database could not answer; Sessions is then empty
 }
 
 // cursor is the keyset position: the last row's started_at and id. Paging by it is
@@ -534,8 +568,8 @@ func (s *StateDB) sessions(ctx context.Context, q SessionQuery) (SessionPage, er
 }
 
 func (s *StateDB) pageErr(err error) (SessionPage, error) {
-	if isBusy(err) {
-		return SessionPage{Status: StatusBusy}, nil
+	if st := stateStatus(err); st != "" {
+		return SessionPage{Status: st}, nil
 	}
 	return SessionPage{}, fmt.Errorf("read sessions of org %s: %w", s.home.ID, err)
 }
@@ -551,7 +585,7 @@ type Transcript struct {
 	Omitted int
 	// Next is the TranscriptQuery.After of the following page; 0 on the last.
 	Next   int64
-	Status string // StatusBusy when the database could not answer
+	Status string // StatusBusy or StatusInterrupted when the database could not answer
 }
 
 // TranscriptQuery asks for one page of a transcript, oldest first.
@@ -721,8 +755,8 @@ func systemPromptSelect(l *stateLayout) string {
 }
 
 func (s *StateDB) transcriptErr(id string, err error) (Transcript, error) {
-	if isBusy(err) {
-		return Transcript{Status: StatusBusy}, nil
+	if st := stateStatus(err); st != "" {
+		return Transcript{Status: st}, nil
 	}
 	return Transcript{}, fmt.Errorf("transcript %s of org %s: %w", id, s.home.ID, err)
 }

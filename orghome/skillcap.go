@@ -15,6 +15,11 @@ import (
 // would disable skills the agent used a minute ago.
 var ErrStateBusy = errors.New("state.db busy: skill usage unknown, try again")
 
+// ErrStateInterrupted says state.db holds a write Hermes did not finish (StatusInterrupted):
+// usage is unknown until Hermes opens it again, which the agent start the cap ran before
+// does. It is an ErrStateBusy, so the start goes on without the cap.
+var ErrStateInterrupted = fmt.Errorf("state.db holds a write Hermes did not finish, which it recovers when it next starts: %w", ErrStateBusy)
+
 // Where a skill's last use was read from, best first.
 const (
 	UsageStateDB = "state.db" // assistant tool calls to skill_view / skill_manage
@@ -99,8 +104,8 @@ func (s *StateDB) SkillUsage(ctx context.Context) (map[string]time.Time, error) 
 		return out, nil
 	}
 	if err != nil {
-		if isBusy(err) {
-			return nil, fmt.Errorf("skill usage of org %s: %w", s.home.ID, ErrStateBusy)
+		if e := s.usageErr(err); e != nil {
+			return nil, e
 		}
 		return nil, err
 	}
@@ -111,8 +116,8 @@ func (s *StateDB) SkillUsage(ctx context.Context) (map[string]time.Time, error) 
 		WHERE role = 'assistant' AND tool_calls IS NOT NULL
 		AND (instr(tool_calls, 'skill_view') > 0 OR instr(tool_calls, 'skill_manage') > 0)`)
 	if err != nil {
-		if isBusy(err) {
-			return nil, fmt.Errorf("skill usage of org %s: %w", s.home.ID, ErrStateBusy)
+		if e := s.usageErr(err); e != nil {
+			return nil, e
 		}
 		return nil, fmt.Errorf("skill usage of org %s: %w", s.home.ID, err)
 	}
@@ -147,12 +152,23 @@ func (s *StateDB) SkillUsage(ctx context.Context) (map[string]time.Time, error) 
 		}
 	}
 	if err := rows.Err(); err != nil {
-		if isBusy(err) {
-			return nil, fmt.Errorf("skill usage of org %s: %w", s.home.ID, ErrStateBusy)
+		if e := s.usageErr(err); e != nil {
+			return nil, e
 		}
 		return nil, fmt.Errorf("skill usage of org %s: %w", s.home.ID, err)
 	}
 	return out, nil
+}
+
+// usageErr is the skill-usage error a read error of Hermes' state stands for, or nil.
+func (s *StateDB) usageErr(err error) error {
+	switch stateStatus(err) {
+	case StatusInterrupted:
+		return fmt.Errorf("skill usage of org %s: %w", s.home.ID, ErrStateInterrupted)
+	case StatusBusy:
+		return fmt.Errorf("skill usage of org %s: %w", s.home.ID, ErrStateBusy)
+	}
+	return nil
 }
 
 // sidecarSkillUsage reads skills/.usage.json; a missing or unreadable sidecar is no record,

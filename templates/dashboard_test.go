@@ -84,10 +84,11 @@ func TestTheSearchKeepsItsTextOutOfHtmxAttributes(t *testing.T) {
 
 func TestTheSessionListsEmptyStates(t *testing.T) {
 	for id, v := range map[string]HermesSessionsView{
-		"sessions-no-state": {NoState: true},
-		"sessions-busy":     {Busy: true},
-		"sessions-none":     {},
-		"sessions-no-match": {Query: "x"},
+		"sessions-no-state":    {NoState: true},
+		"sessions-busy":        {Busy: true},
+		"sessions-interrupted": {Interrupted: true},
+		"sessions-none":        {},
+		"sessions-no-match":    {Query: "x"},
 	} {
 		d := render(t, HermesSessionList(v))
 		if byTestID(d, id).Length() != 1 || byTestID(d, "hermes-session").Length() != 0 {

@@ -99,7 +99,10 @@ type HermesSessionsView struct {
 	// NoState says the home has no state.db: Hermes has not run there yet.
 	NoState bool
 	Busy    bool // state.db could not answer in time
-	Groups  []HermesSessionGroup
+	// Interrupted says state.db holds a write Hermes did not finish, which it recovers when
+	// it next starts in the home.
+	Interrupted bool
+	Groups      []HermesSessionGroup
 	// Newer says this page is not the first; First is the link back to the newest.
 	Newer bool
 	First templ.SafeURL
@@ -138,10 +141,11 @@ type HermesSessionRow struct {
 
 // TranscriptView is one Hermes session's messages as a person reads them.
 type TranscriptView struct {
-	Frame    DashboardFrame
-	Busy     bool
-	Session  HermesSessionRow
-	Messages []TranscriptMessage
+	Frame       DashboardFrame
+	Busy        bool
+	Interrupted bool // as HermesSessionsView.Interrupted
+	Session     HermesSessionRow
+	Messages    []TranscriptMessage
 	// Omitted counts the rows Hermes keeps but does not show (taken back, compacted away,
 	// hidden scaffolding), which are left out.
 	Omitted int

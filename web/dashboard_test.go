@@ -27,6 +27,7 @@ import (
 	"hermeshost/control"
 	"hermeshost/gateway"
 	"hermeshost/internal/hosttest"
+	"hermeshost/internal/statetest"
 	"hermeshost/internal/testio"
 	"hermeshost/lease"
 	"hermeshost/orghome"
@@ -768,6 +769,35 @@ func TestEmptyStatesSayWhatToDoNext(t *testing.T) {
 	p = page(t, newDash(t, dashOptions{home: acme2}).as("ada"), "/orgs/acme/sessions", "/orgs/acme")
 	if testid(p, "sessions-none").Length() != 1 {
 		t.Error("an empty state.db has no empty state")
+	}
+}
+
+// A state.db a killed Hermes left mid-write cannot be read until Hermes opens it again:
+// the pages say so and what ends it, and still serve.
+func TestAWriteHermesDidNotFinishIsShownForWhatItIs(t *testing.T) {
+	acme, _ := twoHomes(t, hermesstate.V22)
+	acme.session(hermesstate.Session{ID: "20261203_090000_acme01", StartedAt: 1_764_752_400})
+	acme.write("skills/notes/SKILL.md", "---\nname: notes\ndescription: keeps notes\n---\nSteps.\n")
+	if err := acme.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	statetest.InterruptWrite(t, filepath.Join(acme.dir, "state.db"))
+	e := newDash(t, dashOptions{home: acme}).as("ada")
+	for target, id := range map[string]string{
+		"/orgs/acme/sessions":                        "sessions-interrupted",
+		"/orgs/acme/sessions/20261203_090000_acme01": "transcript-interrupted",
+	} {
+		p := page(t, e, target, "/orgs/acme")
+		if got := testid(p, id).Text(); !strings.Contains(got, "did not finish") || !strings.Contains(got, "next job or chat") {
+			t.Errorf("%s: %s says %q", target, id, got)
+		}
+	}
+	p := page(t, e, "/orgs/acme/skills", "/orgs/acme")
+	if got := testid(p, "skills-usage-note").Text(); !strings.Contains(got, "did not finish") {
+		t.Errorf("the skills page's usage note: %q", got)
+	}
+	if testid(p, "skill").Length() != 1 {
+		t.Errorf("the skills page lists %d skills, want the one", testid(p, "skill").Length())
 	}
 }
 

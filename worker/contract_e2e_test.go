@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"hermeshost/gateway"
+	"hermeshost/internal/statetest"
 	"hermeshost/orghome"
 	"hermeshost/sartiq"
 	"hermeshost/scriptedagent"
@@ -213,6 +214,51 @@ func TestSkillCapDisablesTheLeastRecentlyUsedBeforeTheAgentStarts(t *testing.T) 
 	r2 := w.execLive(ctx, "acme", claim2, nil, live{env: []string{"SKILLS_MAX_AUTHORED=40"}})
 	if r2.outcome.Status != "completed" || len(r2.outcome.SkillsDisabled) != 0 {
 		t.Fatalf("second job: %+v", r2.outcome)
+	}
+}
+
+// An agent killed mid-write (as a killed worker kills it) leaves state.db with a hot
+// journal, which the host's read-only look at skill usage cannot open. The next job goes on
+// without the cap that start, and its agent, opening state.db read-write, rolls the journal
+// back; the job after that applies the cap again. Before, every attempt crashed on it.
+func TestAJobStartsOnAStateDBAKilledAgentLeftMidWrite(t *testing.T) {
+	w := newWorld(t, "process")
+	ctx := context.Background()
+	names := writeAuthoredSkills(t, w.home("acme"), 42)
+	capped := live{env: []string{"SKILLS_MAX_AUTHORED=40"}}
+	run := func(kind string) result {
+		t.Helper()
+		claim, err := w.bot.Claim(ctx, w.backend.AddJob(t, "acme", kind))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.execLive(ctx, "acme", claim, nil, capped)
+	}
+	if r := run(sartiq.TypeProductIngest); r.outcome.Status != "completed" || len(r.outcome.SkillsDisabled) != 2 {
+		t.Fatalf("first job: %+v\n%s", r.outcome, r.stderr)
+	}
+	statetest.InterruptWrite(t, filepath.Join(w.home("acme"), orghome.StateFile))
+	writeAuthoredSkills(t, w.home("acme"), 43) // one more authored skill for the cap to find
+
+	r := run(sartiq.TypeProductIngest)
+	if r.outcome.Status != "completed" {
+		t.Fatalf("the job on a state.db with a hot journal: %+v\n%s", r.outcome, r.stderr)
+	}
+	if len(r.outcome.SkillsDisabled) != 0 || slices.Contains(r.kinds(), "skills_cap") {
+		t.Fatalf("a cap was applied on usage the host could not read: %+v", r.outcome)
+	}
+	if !strings.Contains(r.stderr, "skills cap not applied this time") || !strings.Contains(r.stderr, "did not finish") {
+		t.Fatalf("the worker's log does not say why the cap waited:\n%s", r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(w.home("acme"), orghome.StateFile+"-journal")); !os.IsNotExist(err) {
+		t.Fatalf("the agent's read-write open left the journal: %v", err)
+	}
+	if s := w.sessions(ctx, "acme"); len(s) != 2 {
+		t.Fatalf("%d sessions after the agent recovered state.db, want the 2 jobs'", len(s))
+	}
+	r = run(sartiq.TypeProductIngest)
+	if r.outcome.Status != "completed" || !slices.Equal(r.outcome.SkillsDisabled, names[2:3]) {
+		t.Fatalf("the job after recovery: disabled %v, want %v (%+v)", r.outcome.SkillsDisabled, names[2:3], r.outcome)
 	}
 }
 
