@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"hermeshost/cli"
 	"hermeshost/config"
 	"hermeshost/control"
@@ -216,11 +219,8 @@ func dispatchUntilDone(ctx context.Context, log *slog.Logger, s dispatcherSettin
 	if err := pg.RegisterPoolMetrics(ops.Registry, pg.LeasePool, keepPool); err != nil {
 		return err
 	}
-	leases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry, KeepPool: keepPool})
+	leases, agentLeases := leaseStores(pool, keepPool, log, ops.Registry)
 	defer leases.Close()
-	// The control API's lease requests are agents': on the main pool, never in the queue
-	// the dispatcher keeps its own leases in.
-	agentLeases := lease.New(pool, lease.Options{Log: log, Registerer: ops.Registry})
 	defer agentLeases.Close()
 	kept, err := holdInstance(ctx, leases, s.instance, s.leaseTTL, log)
 	if err != nil {
@@ -415,4 +415,15 @@ func dispatcherCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// leaseStores are a dispatcher's two Stores over its one lease table. own holds the
+// dispatcher's leases (instance, orgs, homes) and keeps them on keepPool. agents serves the
+// control API's lease requests, which agents make: all on the main pool, never in the
+// queue the dispatcher keeps its own leases in, so a hostile agent's flood cannot make
+// them lapse.
+func leaseStores(pool, keepPool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (own, agents *lease.Store) {
+	own = lease.New(pool, lease.Options{Log: log, Registerer: reg, KeepPool: keepPool})
+	agents = lease.New(pool, lease.Options{Log: log, Registerer: reg})
+	return own, agents
 }
