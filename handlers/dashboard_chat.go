@@ -61,6 +61,8 @@ func (h *Chat) renderForm(w http.ResponseWriter, r *http.Request, status int, se
 	case err != nil:
 		h.Log.Warn("dashboard: chat sessions", "org", h.Org, "err", err)
 		v.SessionsError = "The recent sessions could not be read; a new session can still be started."
+	case page.Status == orghome.StatusInterrupted:
+		v.SessionsError = "state.db holds a write Hermes did not finish, which it rolls back when it next starts: start a new session, or pick a recent one after that."
 	case page.Status != "":
 		v.SessionsError = "state.db is busy; reload to pick a recent session."
 	}
@@ -176,6 +178,8 @@ func (h *Chat) turnState(r *http.Request, t chat.Turn) templates.ChatTurnState {
 	switch {
 	case err != nil:
 		s.MessagesError = "The session's rows could not be read this time: " + err.Error()
+	case tr.Status == orghome.StatusInterrupted:
+		s.MessagesError = "state.db holds a write Hermes did not finish; the rows show once Hermes has started again and rolled it back."
 	case tr.Status != "":
 		s.MessagesError = "state.db is busy; the rows show on the next refresh."
 	}

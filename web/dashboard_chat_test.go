@@ -25,9 +25,11 @@ import (
 	"hermeshost/control"
 	"hermeshost/gateway"
 	"hermeshost/internal/hosttest"
+	"hermeshost/internal/statetest"
 	"hermeshost/internal/testio"
 	"hermeshost/lease"
 	"hermeshost/orghome"
+	"hermeshost/orghome/hermesstate"
 	"hermeshost/pg/pgtest"
 	"hermeshost/service"
 	"hermeshost/subagent"
@@ -247,6 +249,37 @@ func TestAChatTurnRunsShowsItsRowsAndAnswerAndIsResumed(t *testing.T) {
 	for _, key := range []string{"home:acme", "session:acme." + turn.SessionID, "session:acme.new-" + first} {
 		if d.held(key) {
 			t.Errorf("%s is still held after the turns", key)
+		}
+	}
+}
+
+// A chat on a state.db a killed Hermes left mid-write: the page says why no recent
+// session is offered, a new session's turn runs, and its agent's read-write open rolls the
+// cut-off write back, so the sessions read again, the one before it among them.
+func TestAChatStartsOnAStateDBHermesLeftMidWriteAndRecoversIt(t *testing.T) {
+	acme, _ := twoHomes(t, hermesstate.V22)
+	acme.session(hermesstate.Session{ID: "20261203_090000_acme01", StartedAt: 1_764_752_400})
+	if err := acme.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	statetest.InterruptWrite(t, filepath.Join(acme.dir, "state.db"))
+	d := newChatDash(t, acme)
+	e := d.as("ada")
+	p := page(t, e, "/orgs/acme/chat", "/orgs/acme")
+	if got := testid(p, "chat-sessions-error").Text(); !strings.Contains(got, "did not finish") || !strings.Contains(got, "start a new session") {
+		t.Errorf("the chat page's sessions note over a hot journal: %q", got)
+	}
+	turn := d.await(d.send(e, "", "What is our return policy?"), "the end", ended)
+	if turn.State != chat.StateDone || turn.SessionID == "" {
+		t.Fatalf("the turn on an interrupted state.db: %+v", turn)
+	}
+	p = page(t, e, "/orgs/acme/chat", "/orgs/acme")
+	if got := testid(p, "chat-sessions-error").Text(); got != "" {
+		t.Errorf("the chat page after the turn still says %q", got)
+	}
+	for _, id := range []string{"20261203_090000_acme01", turn.SessionID} {
+		if testid(p, "chat-session").Find(`option[value="`+id+`"]`).Length() != 1 {
+			t.Errorf("session %s is not offered after the agent recovered state.db", id)
 		}
 	}
 }
