@@ -31,6 +31,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"hermeshost/dispatch"
 	"hermeshost/dispatch/runtime"
@@ -535,6 +537,7 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 	var owned []int // each dispatcher's orgs as the last job ended
 	began := time.Now()
 	cyclesBefore := w.cycleTotals(b)
+	gateBefore := w.gateModelLists(b)
 	if dispatched {
 		killCtx, stopKilling := context.WithCancel(ctx)
 		var killed sync.WaitGroup
@@ -636,6 +639,9 @@ func (w *scaleWorld) round(b *testing.B, dispatched bool) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(lapsed), "org-leases-lapsed")
+		// The model lists the dispatchers' gateway gates asked for in the round (one a
+		// second at most, each, while open).
+		b.ReportMetric(w.gateModelLists(b)-gateBefore, "gate-model-lists")
 	}
 
 	// Latencies of each job's first attempt that started, from the marks seen; a line the timeline missed (seen
@@ -712,6 +718,32 @@ type cycleTotals struct {
 	keepSum    float64 // their seconds
 	poolWait   float64 // seconds waited for a connection of the dispatcher's main pool
 	keepWait   float64 // and of the pool it keeps its leases on
+}
+
+// gateModelLists is how many /v1/models requests the gateway has served the host's own
+// key (its gate), from the gateway process's /metrics.
+func (w *scaleWorld) gateModelLists(b *testing.B) float64 {
+	resp, err := http.Get(w.gateway.url + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		b.Fatalf("the gateway's /metrics: %v", err)
+	}
+	var n float64
+	for _, m := range mfs["gateway_requests_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["org"] == "_host" && labels["endpoint"] == "models" {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }
 
 // poolLabel is a hermes_db_pool_* sample's pool.
