@@ -108,8 +108,10 @@ func BenchmarkColdEnsure(b *testing.B) {
 	})
 }
 
-// BenchmarkSweep is what the end of every exec adds (see Docker.sweep): the sweep of a
-// worker with nothing left in it, and with one detached process to kill.
+// BenchmarkSweep is what the end of every exec adds (see Docker.sweep): the end of an exec
+// that left nothing (the engine's process list, and no sweep), beside the sweep exec the
+// same worker cost before that check (sweep-exec-clean), and the end of one that left a
+// detached process to kill.
 func BenchmarkSweep(b *testing.B) {
 	d, _, org := benchDocker(b)
 	ctx := b.Context()
@@ -123,9 +125,17 @@ func BenchmarkSweep(b *testing.B) {
 		u.sweeping = make(chan struct{})
 		return u
 	}
-	b.Run("clean", func(b *testing.B) {
+	b.Run("nothing-left", func(b *testing.B) {
 		for b.Loop() {
 			d.sweep(ctx, UnitName(org, RoleWorker), unit())
+		}
+	})
+	b.Run("sweep-exec-clean", func(b *testing.B) {
+		for b.Loop() {
+			u := unit()
+			d.killLeft(ctx, UnitName(org, RoleWorker), u)
+			close(u.sweeping)
+			u.sweeping = nil
 		}
 	})
 	b.Run("one-left", func(b *testing.B) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -639,8 +640,10 @@ func (d *Docker) Exec(ctx context.Context, org string, cmd Command) (ExitStatus,
 // A job's processes end with it. Docker can neither kill one exec nor everything an exec
 // started (a process the agent detached with setsid leaves the exec's session and
 // process group and is re-parented to the container's init), so after every exec the
-// runtime sweeps the worker: it runs the worker's sweep (hermes-host worker sweep) as the units'
-// user, which sends kill(-1, SIGKILL) inside the container's pid namespace and waits until
+// runtime makes sure nothing is left in the worker. It first asks the engine for the
+// container's processes (nothingLeft): when none runs as the units' user, which is the
+// usual end of a job, that is all. Otherwise it sweeps the worker: it runs the worker's
+// sweep (hermes-host worker sweep) as the units' user, which sends kill(-1, SIGKILL) inside the container's pid namespace and waits until
 // every other process of that uid is gone. The container's init and main process run as
 // another uid (keeperUser) and survive it: the worker stays warm. kill(-1) is one atomic
 // pass of the kernel, so even a fork bomb ends in one call. A sweep that fails (it cannot
@@ -708,6 +711,16 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 		u.sweeping = nil
 		d.mu.Unlock()
 	}()
+	if d.nothingLeft(ctx, name, u) {
+		d.cfg.Metrics.nothingLeft(d.Kind())
+		return
+	}
+	d.killLeft(ctx, name, u)
+}
+
+// killLeft runs the worker's sweep in u's container, or removes the container when that
+// fails.
+func (d *Docker) killLeft(ctx context.Context, name string, u *dockerUnit) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.sweepTimeout)
 	defer cancel()
 	began := time.Now()
@@ -755,6 +768,42 @@ func (d *Docker) sweep(ctx context.Context, name string, u *dockerUnit) {
 		err = errors.Join(err, rerr)
 	}
 	d.log.Warn("worker sweep failed: container removed", "container", name, "id", shortID(u.id), "error", err)
+}
+
+// topTimeout bounds the engine's list of a worker's processes before a sweep; past it
+// the sweep runs.
+const topTimeout = 15 * time.Second
+
+// nothingLeft says whether the engine's list of u's processes holds none of the units'
+// uid: nothing an exec started is left, and the sweep, an exec of its own (runc's
+// heaviest call: the scale run on Docker spent half its execs on sweeps), is not needed.
+// The list is the container's cgroup as the engine reads it (docker top, which runs ps on
+// the engine's host): nothing in the container can hide from it or forge it, and with no
+// process of the uid left none can fork. Any doubt (the engine's error, a list without
+// its columns) answers false, and the sweep runs.
+func (d *Docker) nothingLeft(ctx context.Context, name string, u *dockerUnit) bool {
+	uid, _, err := parseUser(u.user)
+	if err != nil {
+		return false
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), topTimeout)
+	defer cancel()
+	top, err := d.cli.ContainerTop(tctx, u.id, []string{"-o", "pid,uid"})
+	if err != nil {
+		d.log.Debug("worker's processes not listed: sweeping", "container", name, "error", err)
+		return false
+	}
+	col := slices.Index(top.Titles, "UID")
+	if col < 0 {
+		return false
+	}
+	want := strconv.Itoa(uid)
+	for _, p := range top.Processes {
+		if len(p) <= col || strings.TrimSpace(p[col]) == want {
+			return false
+		}
+	}
+	return true
 }
 
 func (d *Docker) exec(ctx context.Context, name string, u *dockerUnit, cmd Command) (ExitStatus, string, error) {

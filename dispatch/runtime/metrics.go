@@ -39,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"runtime", "reason"}),
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hermes_runtime_sweeps_total",
-			Help: "Sweeps of a worker after its execs, by runtime and result (clean: nothing left, killed: processes left were killed, failed: the worker was removed instead).",
+			Help: "Sweeps of a worker after its execs, by runtime and result (nothing_left: the engine's process list showed nothing of the units' user, so no sweep ran; clean: the sweep found nothing, killed: processes left were killed, failed: the worker was removed instead).",
 		}, []string{"runtime", "result"}),
 		sweptProcs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hermes_runtime_swept_processes_total",
@@ -83,6 +83,11 @@ const (
 	outcomeNotStarted  = "not_started"
 	outcomeFailed      = "failed"
 )
+
+// nothingLeft counts one end of a worker's execs that left nothing to sweep.
+func (m *Metrics) nothingLeft(kind string) {
+	m.sweeps.WithLabelValues(kind, "nothing_left").Inc()
+}
 
 // swept counts one sweep of a worker and the processes it killed.
 func (m *Metrics) swept(kind string, killed int, ok bool) {

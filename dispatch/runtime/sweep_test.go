@@ -35,6 +35,69 @@ func containerProcesses(t *testing.T, id string) string {
 	return b.String()
 }
 
+// execsCreated counts the execs of program the engine created in container id since then,
+// from the engine's events.
+func execsCreated(t *testing.T, id string, since time.Time, program string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(testContext(t), 10*time.Second)
+	defer cancel()
+	msgs, errs := suite.engine.Events(ctx, events.ListOptions{
+		Since: strconv.FormatInt(since.Unix()-1, 10), Until: strconv.FormatInt(time.Now().Unix()+1, 10),
+		Filters: filters.NewArgs(filters.Arg("container", id), filters.Arg("event", "exec_create")),
+	})
+	n := 0
+	for {
+		select {
+		case m := <-msgs:
+			if strings.HasPrefix(string(m.Action), "exec_create: "+program) {
+				n++
+			}
+		case err := <-errs:
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+}
+
+// An exec that leaves nothing behind, the usual job, costs no sweep: the engine's list of
+// the worker's processes shows none of the units' user, and no sweep exec is made. One
+// that leaves a process is swept.
+func TestDockerAnExecThatLeavesNothingIsNotSwept(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	org := newOrg(t, cfg, "sweep-unneeded")
+	e := mustEnsureWorker(t, rt, org)
+	since := time.Now()
+	for range 3 {
+		if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
+			t.Fatal(st)
+		}
+	}
+	sweeper := strings.Join(rt.sweepCmd, " ")
+	if n := execsCreated(t, e.ID, since, sweeper); n != 0 {
+		t.Errorf("%d sweeps ran after execs that left nothing, want none", n)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "nothing_left")); got != 3 {
+		t.Errorf("%v exec ends counted as leaving nothing, want 3", got)
+	}
+	tag := "left-" + randomHex(4)
+	if _, _, st := run(t, rt, org, "", nil, "testagent", "detach", tag); st.Code != 0 {
+		t.Fatal(st)
+	}
+	if n := execsCreated(t, e.ID, since, sweeper); n != 1 {
+		t.Errorf("%d sweeps ran after an exec left a process, want 1", n)
+	}
+	if ps := containerProcesses(t, e.ID); strings.Contains(ps, tag) {
+		t.Fatalf("the detached process outlived its exec:\n%s", ps)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "killed")); got != 1 {
+		t.Errorf("%v sweeps counted as having killed, want 1", got)
+	}
+}
+
 // A process an exec detached into a session of its own (as setsid nohup ... & does) is
 // gone when the exec returns; the worker's init and main process, as the keeper, stay,
 // and the worker stays warm.
@@ -85,7 +148,7 @@ func TestDockerASweepThatTimesOutRemovesTheWorker(t *testing.T) {
 	e := mustEnsureWorker(t, rt, org)
 	rt.sweepCmd = []string{"testagent", "sleep", "30s"}
 	rt.sweepTimeout = time.Second
-	if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
+	if _, _, st := run(t, rt, org, "", nil, "testagent", "detach", "left-"+randomHex(4)); st.Code != 0 {
 		t.Fatal(st)
 	}
 	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "failed")); got != 1 {
@@ -111,30 +174,10 @@ func TestDockerASweepThatDoesNotStartIsTriedAgain(t *testing.T) {
 	rt.sweepCmd = []string{"no-such-sweeper"}
 	rt.sweepPause = 10 * time.Millisecond
 	since := time.Now()
-	if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
+	if _, _, st := run(t, rt, org, "", nil, "testagent", "detach", "left-"+randomHex(4)); st.Code != 0 {
 		t.Fatal(st)
 	}
-	ctx, cancel := context.WithTimeout(testContext(t), 10*time.Second)
-	defer cancel()
-	msgs, errs := suite.engine.Events(ctx, events.ListOptions{
-		Since: strconv.FormatInt(since.Unix()-1, 10), Until: strconv.FormatInt(time.Now().Unix()+1, 10),
-		Filters: filters.NewArgs(filters.Arg("container", e.ID), filters.Arg("event", "exec_create")),
-	})
-	tries := 0
-	for done := false; !done; {
-		select {
-		case m := <-msgs:
-			if strings.HasPrefix(string(m.Action), "exec_create: no-such-sweeper") {
-				tries++
-			}
-		case err := <-errs:
-			if err != nil && !errors.Is(err, io.EOF) {
-				t.Fatal(err)
-			}
-			done = true
-		}
-	}
-	if tries != sweepTries {
+	if tries := execsCreated(t, e.ID, since, "no-such-sweeper"); tries != sweepTries {
 		t.Errorf("the sweep was tried %d times, want %d", tries, sweepTries)
 	}
 	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "failed")); got != 1 {
