@@ -3,6 +3,7 @@ package runtime
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -117,6 +118,9 @@ type dockerUnit struct {
 	user     string    // the uid:gid its execs run as (labelUser)
 	inFlight int       // execs running now
 	lastUsed time.Time // last ensure, or end of the last exec
+	// countedAt is when the engine was last asked for its task count (nothingLeft); only
+	// the sweep under way touches it.
+	countedAt time.Time
 	// dirty says the container was not started by this process (adopted, or found
 	// running): what an earlier exec left in it is swept before the next exec runs.
 	dirty bool
@@ -770,17 +774,30 @@ func (d *Docker) killLeft(ctx context.Context, name string, u *dockerUnit) {
 	d.log.Warn("worker sweep failed: container removed", "container", name, "id", shortID(u.id), "error", err)
 }
 
-// topTimeout bounds the engine's list of a worker's processes before a sweep; past it
-// the sweep runs.
+// topTimeout bounds the engine's list and count of a worker's processes before a sweep;
+// past it the sweep runs.
 const topTimeout = 15 * time.Second
 
-// nothingLeft says whether the engine's list of u's processes holds none of the units'
-// uid: nothing an exec started is left, and the sweep, an exec of its own (runc's
-// heaviest call: the scale run on Docker spent half its execs on sweeps), is not needed.
-// The list is the container's cgroup as the engine reads it (docker top, which runs ps on
-// the engine's host): nothing in the container can hide from it or forge it, and with no
-// process of the uid left none can fork. Any doubt (the engine's error, a list without
-// its columns) answers false, and the sweep runs.
+// statsInterval is how often the engine answers a container's one-shot stats at once:
+// dockerd (20.10) answers in milliseconds, but a second ask within the second waits for
+// its next tick (measured: 6 ms, then up to 1 s). An exec that ends sooner than that
+// after the last count is swept instead, which costs less than the wait.
+const statsInterval = 1100 * time.Millisecond
+
+// nothingLeft says whether nothing an exec started is left in u's container, from the
+// engine alone: then the sweep, an exec of its own (runc's heaviest call: the scale run on
+// Docker spent half its execs on sweeps), is not needed. Two readings of the container's
+// cgroup, which nothing in the container can hide from or forge, must agree:
+//   - the engine's list of its processes (docker top: the cgroup's pids, then ps on the
+//     engine's host) holds none of the units' uid;
+//   - the cgroup's count of tasks (pids.current, read after the list) is no more than the
+//     threads of the listed processes. A process that keeps changing pid (each generation
+//     starting the next and exiting) can fall between the list's two steps, but it is
+//     always one task at least, so it shows in the count. The keeper's own processes
+//     only ever gain threads, which errs toward a sweep.
+//
+// Any doubt (an engine error, a list without its columns, no count, or a count asked
+// within statsInterval of the last) answers false, and the sweep runs.
 func (d *Docker) nothingLeft(ctx context.Context, name string, u *dockerUnit) bool {
 	uid, _, err := parseUser(u.user)
 	if err != nil {
@@ -788,22 +805,52 @@ func (d *Docker) nothingLeft(ctx context.Context, name string, u *dockerUnit) bo
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), topTimeout)
 	defer cancel()
-	top, err := d.cli.ContainerTop(tctx, u.id, []string{"-o", "pid,uid"})
+	top, err := d.cli.ContainerTop(tctx, u.id, []string{"-o", "pid,uid,nlwp"})
 	if err != nil {
 		d.log.Debug("worker's processes not listed: sweeping", "container", name, "error", err)
 		return false
 	}
-	col := slices.Index(top.Titles, "UID")
-	if col < 0 {
+	uidCol, threadsCol := slices.Index(top.Titles, "UID"), slices.Index(top.Titles, "NLWP")
+	if uidCol < 0 || threadsCol < 0 {
 		return false
 	}
 	want := strconv.Itoa(uid)
+	var threads uint64
 	for _, p := range top.Processes {
-		if len(p) <= col || strings.TrimSpace(p[col]) == want {
+		if len(p) <= max(uidCol, threadsCol) || strings.TrimSpace(p[uidCol]) == want {
 			return false
 		}
+		n, err := strconv.ParseUint(strings.TrimSpace(p[threadsCol]), 10, 32)
+		if err != nil {
+			return false
+		}
+		threads += n
 	}
-	return true
+	if time.Since(u.countedAt) < statsInterval {
+		return false
+	}
+	u.countedAt = time.Now()
+	tasks, err := d.tasks(tctx, u.id)
+	if err != nil {
+		d.log.Debug("worker's tasks not counted: sweeping", "container", name, "error", err)
+		return false
+	}
+	return tasks > 0 && tasks <= threads
+}
+
+// tasks is the number of tasks in a container's cgroup (its pids.current), as the engine's
+// stats report it.
+func (d *Docker) tasks(ctx context.Context, id string) (uint64, error) {
+	st, err := d.cli.ContainerStatsOneShot(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Body.Close()
+	var s container.StatsResponse
+	if err := json.NewDecoder(st.Body).Decode(&s); err != nil {
+		return 0, fmt.Errorf("read stats: %w", err)
+	}
+	return s.PidsStats.Current, nil
 }
 
 func (d *Docker) exec(ctx context.Context, name string, u *dockerUnit, cmd Command) (ExitStatus, string, error) {

@@ -72,6 +72,8 @@ func TestDockerAnExecThatLeavesNothingIsNotSwept(t *testing.T) {
 	e := mustEnsureWorker(t, rt, org)
 	since := time.Now()
 	for range 3 {
+		// Execs further apart than the engine's stats answer at once, as jobs are.
+		time.Sleep(statsInterval)
 		if _, _, st := run(t, rt, org, "", nil, "testagent", "echo"); st.Code != 0 {
 			t.Fatal(st)
 		}
@@ -95,6 +97,45 @@ func TestDockerAnExecThatLeavesNothingIsNotSwept(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "killed")); got != 1 {
 		t.Errorf("%v sweeps counted as having killed, want 1", got)
+	}
+}
+
+// A process that keeps changing pid (each generation starts the next and exits) can fall
+// between the two steps of the engine's process list; the cgroup's task count still holds
+// it, so the exec that left it is swept, and the chain ends.
+func TestDockerAProcessThatHopsPidsIsStillSwept(t *testing.T) {
+	requireEngine(t)
+	cfg := testConfig(t, nil)
+	rt := dockerHarness().start(t, cfg).(*Docker)
+	org := newOrg(t, cfg, "sweep-hop")
+	e := mustEnsureWorker(t, rt, org)
+	since := time.Now()
+	const hops = 5
+	for range hops {
+		time.Sleep(statsInterval) // so that each exec's end is checked, not swept outright
+		if _, _, st := run(t, rt, org, "", nil, "testagent", "hop", "hop-"+randomHex(4)); st.Code != 0 {
+			t.Fatal(st)
+		}
+	}
+	if n := execsCreated(t, e.ID, since, strings.Join(rt.sweepCmd, " ")); n != hops {
+		t.Errorf("%d of %d execs that left a chain were swept", n, hops)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.sweeps.WithLabelValues("docker", "nothing_left")); got != 0 {
+		t.Errorf("%v exec ends that left a chain counted as leaving nothing", got)
+	}
+	if ps := containerProcesses(t, e.ID); strings.Contains(ps, "hop") {
+		t.Fatalf("the chain outlived its sweeps:\n%s", ps)
+	}
+	tasks, err := rt.tasks(testContext(t), e.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	u := rt.units[UnitName(org, RoleWorker)]
+	rt.mu.Unlock()
+	time.Sleep(statsInterval)
+	if !rt.nothingLeft(testContext(t), UnitName(org, RoleWorker), u) {
+		t.Errorf("after the sweeps, the worker (%d tasks) still does not read as empty:\n%s", tasks, containerProcesses(t, e.ID))
 	}
 }
 

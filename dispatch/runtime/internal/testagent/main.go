@@ -7,6 +7,8 @@
 //	                     exit with the code in TESTAGENT_EXIT (0 when unset)
 //	sleep DURATION [TAG] sleep; TAG only marks the process so tests can look for it
 //	tree TAG             start a child "sleep 1h TAG", print its pid, then sleep 1h too
+//	hop TAG              start a detached "hop TAG" and exit: a chain of short-lived
+//	                     generations, each a new pid, until killed
 //	env                  print the environment, then /proc/self/cmdline
 //	cmdlines             print the command line of every process visible in /proc
 //	alloc MIB            allocate and touch MIB mebibytes, say so, then wait for stdin to end
@@ -75,6 +77,8 @@ func main() {
 		fmt.Printf("swept %d\n", res.Killed)
 	case "detach":
 		err = detach(args)
+	case "hop":
+		err = hop(args)
 	case "dial":
 		// dial NETWORK ADDR...: one line per address, what a connection to it did.
 		for _, addr := range args[1:] {
@@ -289,6 +293,21 @@ func dashboard(args []string) error {
 // detach starts `testagent sleep 1h TAG` in a session of its own, as `setsid nohup ... &`
 // does, prints its pid and exits at once, leaving it behind; with "hold" the child keeps
 // this program's stdout and stderr open (`setsid cmd &` without nohup's redirection).
+// hop starts its next generation in a session of its own, then exits: the chain never
+// holds one pid for longer than a start of this program takes.
+func hop(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("usage: hop TAG")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	next := exec.Command(self, "hop", args[0])
+	next.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return next.Start()
+}
+
 func detach(args []string) error {
 	if len(args) != 1 && (len(args) != 2 || args[1] != "hold") {
 		return fmt.Errorf("usage: detach TAG [hold]")
